@@ -1,0 +1,1 @@
+"""Shared runtime for the platform's gRPC services (import the submodules directly)."""

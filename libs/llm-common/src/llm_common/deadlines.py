@@ -1,0 +1,35 @@
+"""The incoming RPC's absolute deadline, kept in a ContextVar so outgoing calls inherit it."""
+
+from __future__ import annotations
+
+import time
+from contextvars import ContextVar
+from typing import overload
+
+# time.monotonic() value by which the RPC being handled must finish; None when unbounded.
+deadline_var: ContextVar[float | None] = ContextVar("llm_deadline", default=None)
+
+
+def deadline_after(timeout_s: float | None) -> float | None:
+    """The monotonic deadline `timeout_s` seconds from now (None stays None)."""
+    return None if timeout_s is None else time.monotonic() + timeout_s
+
+
+def time_left() -> float | None:
+    """Seconds until the current deadline (never negative), or None when there is none."""
+    deadline = deadline_var.get()
+    if deadline is None:
+        return None
+    return max(0.0, deadline - time.monotonic())
+
+
+@overload
+def remaining_timeout(default: float) -> float: ...
+@overload
+def remaining_timeout(default: None) -> float | None: ...
+def remaining_timeout(default: float | None) -> float | None:
+    """The timeout for an outgoing call: min(`default`, time left of the incoming RPC)."""
+    left = time_left()
+    if left is None:
+        return default
+    return left if default is None else min(default, left)

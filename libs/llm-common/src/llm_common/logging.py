@@ -1,0 +1,151 @@
+"""structlog JSON logging with request, trace and service context; stdlib logging included."""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import MutableMapping
+from contextvars import ContextVar
+from typing import Any, TextIO
+
+import structlog
+from opentelemetry import trace
+
+request_id_var: ContextVar[str | None] = ContextVar("llm_request_id", default=None)
+
+REDACTED = "[redacted]"
+# Keys whose values are credentials or user content (prompts, completions): never logged.
+SENSITIVE_KEYS = frozenset(
+    {
+        "authorization",
+        "api_key",
+        "apikey",
+        "password",
+        "passwd",
+        "secret",
+        "token",
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "jwt",
+        "cookie",
+        "set-cookie",
+        "x-api-key",
+        "hmac_key",
+        "prompt",
+        "completion",
+        "messages",
+        "content",
+    }
+)
+_SENSITIVE_SUFFIXES = ("_secret", "_password", "_api_key", "_token")
+# Credentials that slip into free text (messages, tracebacks): bearer tokens, JWTs,
+# `sk-…` style API keys and `password=…`-like assignments.
+_SECRET_PATTERN = re.compile(
+    r"(?i)\bbearer\s+[\w.~+/=-]+"
+    r"|\beyJ[\w-]*\.[\w-]*\.[\w-]*"
+    r"|\b(?:sk|llm)[-_][A-Za-z0-9_-]{16,}"
+    r"|(?<![A-Za-z0-9])(?:password|passwd|secret|token|api[_-]?key)[\"']?\s*[=:]\s*[\"']?[^\s\"',;]+"
+)
+
+_Event = MutableMapping[str, Any]
+
+
+def current_request_id() -> str | None:
+    """The request id of the RPC being handled in this context, if any."""
+    return request_id_var.get()
+
+
+def is_sensitive_key(key: str) -> bool:
+    """Whether a log field of this name must have its value redacted."""
+    lowered = key.lower()
+    return lowered in SENSITIVE_KEYS or lowered.endswith(_SENSITIVE_SUFFIXES)
+
+
+def scrub_text(text: str) -> str:
+    """`text` with anything shaped like a credential replaced."""
+    return _SECRET_PATTERN.sub(REDACTED, text)
+
+
+def _add_service(service_name: str) -> structlog.types.Processor:
+    def add_service(_: Any, __: str, event: _Event) -> _Event:
+        event.setdefault("service", service_name)
+        return event
+
+    return add_service
+
+
+def _add_context(_: Any, __: str, event: _Event) -> _Event:
+    request_id = request_id_var.get()
+    if request_id is not None:
+        event.setdefault("request_id", request_id)
+    span_context = trace.get_current_span().get_span_context()
+    if span_context.is_valid:
+        event.setdefault("trace_id", format(span_context.trace_id, "032x"))
+        event.setdefault("span_id", format(span_context.span_id, "016x"))
+    return event
+
+
+def _redact(_: Any, __: str, event: _Event) -> _Event:
+    for key, value in event.items():
+        if is_sensitive_key(key):
+            event[key] = REDACTED
+        elif isinstance(value, str):
+            event[key] = scrub_text(value)
+    return event
+
+
+def _shared_processors(service_name: str) -> list[structlog.types.Processor]:
+    return [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
+        _add_service(service_name),
+        _add_context,
+    ]
+
+
+def _formatter(service_name: str) -> structlog.stdlib.ProcessorFormatter:
+    # Redaction runs last, after exception rendering, so tracebacks are scrubbed too.
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[*_shared_processors(service_name), structlog.stdlib.ExtraAdder()],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            _redact,
+            structlog.processors.JSONRenderer(),
+        ],
+    )
+
+
+def configure_logging(
+    service_name: str, level: str = "INFO", *, stream: TextIO | None = None
+) -> None:
+    """Send structlog and stdlib logging to `stream` (stderr) as one JSON object per line.
+
+    Safe to call again (tests do); the root handler is replaced, not duplicated.
+    """
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(_formatter(service_name))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level.upper())
+    structlog.configure(
+        processors=[
+            structlog.stdlib.filter_by_level,
+            *_shared_processors(service_name),
+            structlog.processors.StackInfoRenderer(),
+            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+        ],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    """A structlog logger backed by the stdlib logger `name`."""
+    logger: structlog.stdlib.BoundLogger = structlog.stdlib.get_logger(name)
+    return logger

@@ -1,0 +1,144 @@
+"""The models catalogue (infra/config/models.yaml) shared by the services that need model facts."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from llm_common.config import ConfigError
+
+KINDS = ("generation", "embedding")
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """Where a model runs: a set of replicas with one backend in one region."""
+
+    name: str
+    backend: str = "torch"
+    region: str = "local"
+    weight: int = 100
+    replicas: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One servable model and its limits."""
+
+    name: str
+    checkpoint: Path
+    kind: str = "generation"
+    aliases: tuple[str, ...] = ()
+    context_length: int = 2048
+    default_max_tokens: int = 256
+    tier: str = "default"
+    deployments: tuple[Deployment, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCatalog:
+    """Models by canonical name, with alias resolution.
+
+    `tiers` lists the price tiers cheapest first (models.yaml `tiers`); a tier that is not
+    listed ranks after every listed one.
+    """
+
+    models: Mapping[str, ModelSpec]
+    aliases: Mapping[str, str]
+    tiers: tuple[str, ...] = ()
+
+    def resolve(self, name: str) -> ModelSpec | None:
+        """The model called `name` or aliased by it, or None."""
+        canonical = self.aliases.get(name, name)
+        return self.models.get(canonical)
+
+    def names(self) -> list[str]:
+        return sorted(self.models)
+
+    def tier_rank(self, tier: str) -> int:
+        """Position of `tier` in the price order (0 = cheapest); unlisted tiers rank last."""
+        try:
+            return self.tiers.index(tier)
+        except ValueError:
+            return len(self.tiers)
+
+
+def load_catalog(path: Path, model_root: Path) -> ModelCatalog:
+    """Parse models.yaml; relative checkpoints resolve against `model_root`."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"MODELS_CONFIG: cannot read {path}: {exc}") from exc
+    entries = raw.get("models") if isinstance(raw, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"MODELS_CONFIG: {path} has no `models` list")
+    specs = [_parse_model(entry, model_root) for entry in entries]
+    return _index(specs, _parse_tiers(raw.get("tiers")))
+
+
+def _parse_tiers(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(t, str) and t for t in value):
+        raise ConfigError("MODELS_CONFIG: `tiers` must be a list of tier names, cheapest first")
+    if len(set(value)) != len(value):
+        raise ConfigError("MODELS_CONFIG: `tiers` lists a tier twice")
+    return tuple(value)
+
+
+def _parse_model(entry: Any, model_root: Path) -> ModelSpec:
+    if not isinstance(entry, dict) or not entry.get("name") or not entry.get("checkpoint"):
+        raise ConfigError(f"MODELS_CONFIG: each model needs `name` and `checkpoint`: {entry!r}")
+    name = str(entry["name"])
+    kind = str(entry.get("kind", "generation"))
+    if kind not in KINDS:
+        raise ConfigError(f"MODELS_CONFIG: model {name}: kind must be one of {KINDS}")
+    checkpoint = Path(str(entry["checkpoint"]))
+    spec = ModelSpec(
+        name=name,
+        checkpoint=checkpoint if checkpoint.is_absolute() else model_root / checkpoint,
+        kind=kind,
+        aliases=tuple(str(a) for a in entry.get("aliases") or ()),
+        context_length=_positive(entry, "context_length", 2048, name),
+        default_max_tokens=_positive(entry, "default_max_tokens", 256, name),
+        tier=str(entry.get("tier", "default")),
+        deployments=tuple(_parse_deployment(d, name) for d in entry.get("deployments") or ()),
+    )
+    if spec.default_max_tokens >= spec.context_length:
+        raise ConfigError(f"MODELS_CONFIG: model {name}: default_max_tokens >= context_length")
+    return spec
+
+
+def _parse_deployment(entry: Any, model: str) -> Deployment:
+    if not isinstance(entry, dict) or not entry.get("name"):
+        raise ConfigError(f"MODELS_CONFIG: model {model}: each deployment needs a `name`")
+    return Deployment(
+        name=str(entry["name"]),
+        backend=str(entry.get("backend", "torch")),
+        region=str(entry.get("region", "local")),
+        weight=int(entry.get("weight", 100)),
+        replicas=tuple(str(r) for r in entry.get("replicas") or ()),
+    )
+
+
+def _positive(entry: Mapping[str, Any], key: str, default: int, model: str) -> int:
+    value = entry.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"MODELS_CONFIG: model {model}: {key} must be a positive integer")
+    return value
+
+
+def _index(specs: Sequence[ModelSpec], tiers: tuple[str, ...] = ()) -> ModelCatalog:
+    models: dict[str, ModelSpec] = {}
+    aliases: dict[str, str] = {}
+    for spec in specs:
+        for name in (spec.name, *spec.aliases):
+            if name in models or name in aliases:
+                raise ConfigError(f"MODELS_CONFIG: model name or alias {name!r} is used twice")
+            aliases[name] = spec.name
+        models[spec.name] = spec
+    return ModelCatalog(models=models, aliases=aliases, tiers=tiers)

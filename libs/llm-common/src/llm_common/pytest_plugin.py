@@ -1,0 +1,43 @@
+"""Shared pytest fixtures (real Redis with per-test key prefixes); load with
+`pytest_plugins = ["llm_common.pytest_plugin"]` in the root conftest."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+import redis.asyncio
+
+from llm_common.testing import LogCapture, captured_logs, delete_prefixed, redis_url_for_tests
+
+
+@pytest.fixture
+def json_logs() -> Iterator[LogCapture]:
+    """The library's JSON log lines during the test (logging is restored afterwards)."""
+    with captured_logs() as capture:
+        yield capture
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    """URL of a real Redis: REDIS_URL, local DB 15, or an embedded redis-server."""
+    return redis_url_for_tests()
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A key prefix unique to this test (`test:<hex>:`); its keys are deleted afterwards."""
+    return f"test:{uuid.uuid4().hex}:"
+
+
+@pytest_asyncio.fixture
+async def redis_client(redis_url: str, redis_prefix: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """An asyncio Redis client; every key under `redis_prefix` is removed after the test."""
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await delete_prefixed(client, redis_prefix)
+        await client.aclose()

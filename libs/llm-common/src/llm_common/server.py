@@ -1,0 +1,181 @@
+"""Service bootstrap: build the grpc.aio server, run it with health, metrics, signals and grace."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
+
+from llm_common.config import ServerSettings
+from llm_common.interceptors import (
+    AccessLogInterceptor,
+    DeadlineInterceptor,
+    ErrorInterceptor,
+    RequestIdInterceptor,
+)
+from llm_common.logging import get_logger
+from llm_common.metrics import RpcMetrics, serve_metrics
+from llm_common.tracing import configure_tracing, server_tracing_interceptor
+
+Hook = Callable[[], Awaitable[None]]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+_log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """What a service plugs into the generic server."""
+
+    service_names: Sequence[str]  # full names, e.g. "llmapi.router.v1.RouterService"
+    register: Callable[[grpc.aio.Server], None]  # adds the servicers
+    on_start: Hook | None = None  # open downstream channels / Redis; health waits for it
+    on_stop: Hook | None = None  # close them, after the server has drained
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default=())  # run innermost
+
+
+@dataclass(frozen=True, slots=True)
+class BuiltServer:
+    """A configured, not yet started server."""
+
+    server: grpc.aio.Server
+    health: health.aio.HealthServicer
+    port: int
+
+
+def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
+    """Message limits, and keepalive tolerance matching `channels.make_channel` clients."""
+    return [
+        ("grpc.max_receive_message_length", settings.max_message_bytes),
+        ("grpc.max_send_message_length", settings.max_message_bytes),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+        ("grpc.http2.max_ping_strikes", 2),
+    ]
+
+
+def default_interceptors(
+    metrics: RpcMetrics | None = None, tracer_provider: trace.TracerProvider | None = None
+) -> list[grpc.aio.ServerInterceptor]:
+    """Outermost first: span, request id, deadline, access log + metrics, error mapping."""
+    return [
+        server_tracing_interceptor(tracer_provider),
+        RequestIdInterceptor(),
+        DeadlineInterceptor(),
+        AccessLogInterceptor(metrics),
+        ErrorInterceptor(),
+    ]
+
+
+def build_server(
+    settings: ServerSettings,
+    spec: ServiceSpec,
+    *,
+    host: str = "[::]",
+    metrics: RpcMetrics | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+) -> BuiltServer:
+    """Server with interceptors, the service, health and reflection, bound to its port.
+
+    `metrics` and `tracer_provider` default to the process-wide ones.
+    """
+    server = grpc.aio.server(
+        interceptors=[*default_interceptors(metrics, tracer_provider), *spec.interceptors],
+        options=server_options(settings),
+    )
+    spec.register(server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = (*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME)
+    reflection.enable_server_reflection(names, server)
+    port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    return BuiltServer(server=server, health=health_servicer, port=port)
+
+
+async def _set_health(built: BuiltServer, spec: ServiceSpec, status: Any) -> None:
+    for name in ("", *spec.service_names):
+        await built.health.set(name, status)
+
+
+async def _stop(built: BuiltServer, grace_s: float) -> None:
+    # Probes see NOT_SERVING first, so load balancers drain before the listener closes.
+    await built.health.enter_graceful_shutdown()
+    await built.server.stop(grace_s)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    settings: ServerSettings,
+    spec: ServiceSpec,
+    *,
+    host: str = "[::]",
+    metrics: RpcMetrics | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+) -> AsyncIterator[BuiltServer]:
+    """Start the server (NOT_SERVING until `on_start` is done), stop it gracefully on exit."""
+    built = build_server(
+        settings, spec, host=host, metrics=metrics, tracer_provider=tracer_provider
+    )
+    await _set_health(built, spec, NOT_SERVING)
+    await built.server.start()
+    started = False
+    try:
+        if spec.on_start is not None:
+            await spec.on_start()
+        started = True
+        await _set_health(built, spec, SERVING)
+        yield built
+    finally:
+        await _stop(built, settings.shutdown_grace_s)
+        if started and spec.on_stop is not None:
+            await spec.on_stop()
+
+
+@contextlib.contextmanager
+def _stop_on_signals(stop: asyncio.Event) -> Iterator[None]:
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+async def serve(
+    settings: ServerSettings,
+    spec: ServiceSpec,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[BuiltServer], None] | None = None,
+) -> None:
+    """Run the service until SIGTERM/SIGINT (or `stop` is set), then drain and return.
+
+    `ready` is called once the server is SERVING (tests use it to learn the port).
+    """
+    provider = configure_tracing(settings.service_name, settings.otlp_endpoint)
+    endpoint = None if settings.metrics_port is None else serve_metrics(settings.metrics_port)
+    stop = stop if stop is not None else asyncio.Event()
+    try:
+        with _stop_on_signals(stop):
+            async with running(settings, spec) as built:
+                metrics_port = endpoint.port if endpoint is not None else None
+                _log.info("serving", port=built.port, metrics_port=metrics_port)
+                if ready is not None:
+                    ready(built)
+                await stop.wait()
+                _log.info("shutting down", grace_s=settings.shutdown_grace_s)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+        provider.shutdown()

