@@ -11,7 +11,7 @@ PACKAGES := libs/llmapi-proto libs/llm-common $(addprefix services/,$(SERVICES))
 MODEL_ROOT ?= .cache/models
 DEMO_MODEL := $(MODEL_ROOT)/demo-llama
 PYTEST := $(VENV)/bin/pytest
-TYPED := libs/llm-common/src $(wildcard services/*/src) bench infra/model scripts
+TYPED := libs/llm-common/src $(wildcard services/*/src) bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
         test test-unit test-integration test-e2e ci model bench-tokenizer constraints clean up

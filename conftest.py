@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,9 +26,14 @@ def demo_model_dir(model_root: Path) -> Path:
     spec = importlib.util.spec_from_file_location(
         "build_demo_model", ROOT / "infra" / "model" / "build_demo_model.py"
     )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    assert spec is not None
+    assert spec.loader is not None
+    module = sys.modules.get(spec.name)
+    if module is None:
+        module = importlib.util.module_from_spec(spec)
+        # dataclasses look their module up in sys.modules while the class is created
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
     path: Path = module.build(model_root / "demo-llama")
     return path
 

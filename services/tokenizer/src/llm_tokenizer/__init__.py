@@ -1,0 +1,1 @@
+"""The tokenizer service: Hugging Face tokenizers and chat templates behind llmapi.tokenizer.v1."""

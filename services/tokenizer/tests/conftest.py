@@ -1,0 +1,101 @@
+"""Fixtures: a tiny byte-level tokenizer checkpoint built at test time, and catalogues over it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from llm_common.models_config import ModelCatalog, load_catalog
+
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Tokenizers split text into tokens; detokenizers join them again.",
+    "Hello world, hello tokens, hello streams.",
+    "日本語のテキストと中文文本 mixed with English words.",
+] * 20
+TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+
+
+def train_tiny_tokenizer() -> Tokenizer:
+    """Byte-level BPE with few merges: most non-ASCII characters span several tokens."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=[BOS, EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
+    return tok
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> Tokenizer:
+    return train_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def demo_tokenizer(demo_model_dir: Path) -> Tokenizer:
+    return Tokenizer.from_file(str(demo_model_dir / "tokenizer.json"))
+
+
+WriteCheckpoint = Callable[..., Path]
+
+
+@pytest.fixture
+def write_checkpoint(tiny_tokenizer: Tokenizer, tmp_path: Path) -> WriteCheckpoint:
+    """Writes tokenizer.json + tokenizer_config.json of the tiny tokenizer into tmp_path/name."""
+
+    def write(name: str = "tiny", *, template: str | None = TEMPLATE, **config: object) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        tiny_tokenizer.save(str(directory / "tokenizer.json"))
+        data: dict[str, object] = {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}
+        if template is not None:
+            data["chat_template"] = template
+        data.update(config)
+        (directory / "tokenizer_config.json").write_text(json.dumps(data), encoding="utf-8")
+        return directory
+
+    return write
+
+
+def write_models_yaml(path: Path, entries: dict[str, Path], context_length: int = 2048) -> Path:
+    """A models.yaml with one generation model per entry (name -> checkpoint dir), each
+    aliased `<name>-alias`."""
+    lines = ["models:"]
+    for name, checkpoint in entries.items():
+        lines += [
+            f"  - name: {name}",
+            f"    aliases: [{name}-alias]",
+            f"    checkpoint: {checkpoint}",
+            f"    context_length: {context_length}",
+        ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def models_yaml(tmp_path: Path) -> Callable[[dict[str, Path]], Path]:
+    """Writes tmp_path/models.yaml for the given name -> checkpoint entries."""
+    return lambda entries: write_models_yaml(tmp_path / "models.yaml", entries)
+
+
+@pytest.fixture
+def tiny_catalog(write_checkpoint: WriteCheckpoint, tmp_path: Path) -> ModelCatalog:
+    """Two models: `tiny` (own template) and `plain` (no template: the default one)."""
+    entries = {"tiny": write_checkpoint("tiny"), "plain": write_checkpoint("plain", template=None)}
+    return load_catalog(write_models_yaml(tmp_path / "models.yaml", entries), tmp_path)

@@ -1,0 +1,69 @@
+"""TokenizerServicer called directly (no sockets): domain errors and where the work runs."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, cast
+
+import pytest
+
+from llm_common.errors import InvalidArgument, NotFound
+from llm_common.models_config import ModelCatalog
+from llm_tokenizer import service
+from llm_tokenizer.config import Limits
+from llm_tokenizer.registry import load_registry
+from llm_tokenizer.service import INLINE_MAX_CHARS, TokenizerServicer
+from llmapi.common.v1 import common_pb2
+from llmapi.tokenizer.v1 import tokenizer_service_pb2 as pb
+
+CONTEXT = cast(Any, None)  # the servicer never touches the context
+
+
+@pytest.fixture
+def servicer(tiny_catalog: ModelCatalog) -> TokenizerServicer:
+    return TokenizerServicer(load_registry(tiny_catalog), Limits(max_batch=4))
+
+
+async def test_small_work_runs_inline_and_large_work_in_a_thread() -> None:
+    loop_thread = threading.get_ident()
+    assert await service._run(INLINE_MAX_CHARS, threading.get_ident) == loop_thread
+    assert await service._run(INLINE_MAX_CHARS + 1, threading.get_ident) != loop_thread
+
+
+async def test_encode_and_decode(servicer: TokenizerServicer) -> None:
+    texts = ["Hello world", "x" * (INLINE_MAX_CHARS + 1)]  # one inline-sized, one not
+    for batch in (texts[:1], texts):
+        encoded = await servicer.Encode(pb.EncodeRequest(model="tiny", texts=batch), CONTEXT)
+        assert encoded.total_tokens == sum(len(e.ids) for e in encoded.encodings)
+        decoded = await servicer.Decode(
+            pb.DecodeRequest(model="tiny-alias", sequences=encoded.encodings), CONTEXT
+        )
+        assert list(decoded.texts) == batch
+
+
+async def test_unknown_model(servicer: TokenizerServicer) -> None:
+    with pytest.raises(NotFound) as info:
+        await servicer.Info(pb.InfoRequest(model="nope"), CONTEXT)
+    assert (info.value.resource_type, info.value.resource_name) == ("model", "nope")
+
+
+async def test_violations_are_collected(servicer: TokenizerServicer) -> None:
+    request = pb.EncodeRequest(texts=["a"] * 5)
+    with pytest.raises(InvalidArgument) as info:
+        await servicer.Encode(request, CONTEXT)
+    assert [v.field for v in info.value.violations] == ["model", "texts"]
+
+
+async def test_count_messages_equals_template_with_generation_prompt(
+    servicer: TokenizerServicer,
+) -> None:
+    messages = [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content="Hi")]
+    counted = await servicer.CountTokens(
+        pb.CountTokensRequest(model="tiny", messages=messages), CONTEXT
+    )
+    rendered = await servicer.ApplyChatTemplate(
+        pb.ApplyChatTemplateRequest(model="tiny", messages=messages, add_generation_prompt=True),
+        CONTEXT,
+    )
+    assert rendered.prompt.endswith("[assistant]")
+    assert counted.total == len(rendered.token_ids)
