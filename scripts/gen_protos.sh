@@ -2,7 +2,7 @@
 # Regenerate libs/llmapi-proto/src from protos/ with the pinned grpcio-tools and mypy-protobuf.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-py=${PYTHON:-$root/.venv/bin/python}
+py=$(realpath -s "${PYTHON:-$root/.venv/bin/python}")
 out=$root/libs/llmapi-proto/src
 bindir=$(dirname "$py")
 
