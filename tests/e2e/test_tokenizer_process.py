@@ -1,4 +1,4 @@
-"""The tokenizer as it runs in the stack: a process on the repo's models.yaml, observable from outside."""
+"""The tokenizer as it runs in the stack: a process on the repo's models.yaml, seen from outside."""
 
 from __future__ import annotations
 
