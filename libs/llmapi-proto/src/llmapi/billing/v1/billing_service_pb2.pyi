@@ -51,7 +51,9 @@ class _BudgetPeriodEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_BudgetPe
     DESCRIPTOR: _descriptor.EnumDescriptor
     BUDGET_PERIOD_UNSPECIFIED: _BudgetPeriod.ValueType  # 0
     BUDGET_PERIOD_DAY: _BudgetPeriod.ValueType  # 1
+    """A UTC calendar day."""
     BUDGET_PERIOD_MONTH: _BudgetPeriod.ValueType  # 2
+    """A UTC calendar month."""
     BUDGET_PERIOD_TOTAL: _BudgetPeriod.ValueType  # 3
     """Never resets."""
 
@@ -60,7 +62,9 @@ class BudgetPeriod(_BudgetPeriod, metaclass=_BudgetPeriodEnumTypeWrapper):
 
 BUDGET_PERIOD_UNSPECIFIED: BudgetPeriod.ValueType  # 0
 BUDGET_PERIOD_DAY: BudgetPeriod.ValueType  # 1
+"""A UTC calendar day."""
 BUDGET_PERIOD_MONTH: BudgetPeriod.ValueType  # 2
+"""A UTC calendar month."""
 BUDGET_PERIOD_TOTAL: BudgetPeriod.ValueType  # 3
 """Never resets."""
 Global___BudgetPeriod: _TypeAlias = BudgetPeriod  # noqa: Y015
@@ -81,6 +85,7 @@ class ReserveRequest(_message.Message):
     """Idempotency key, 1-128 chars; repeating it returns the first result."""
     tenant_id: _builtins.str
     key_id: _builtins.str
+    """Optional: empty when the caller has no API key (e.g. a JWT user)."""
     model: _builtins.str
     """Canonical model name; NOT_FOUND when it has no price."""
     prompt_tokens: _builtins.int
@@ -115,12 +120,17 @@ class ReserveResponse(_message.Message):
     CURRENCY_FIELD_NUMBER: _builtins.int
     SOFT_LIMIT_EXCEEDED_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    DUPLICATE_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     reserved_micros: _builtins.int
     """Worst-case cost held, in micros."""
     currency: _builtins.str
     soft_limit_exceeded: _builtins.bool
     """True when a soft limit is exceeded (allowed, flagged)."""
+    duplicate: _builtins.bool
+    """True when this request id had been reserved before (nothing changed;
+    the first result is returned).
+    """
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
         """When an unsettled reservation is charged at its reserved amount."""
@@ -133,10 +143,11 @@ class ReserveResponse(_message.Message):
         currency: _builtins.str = ...,
         soft_limit_exceeded: _builtins.bool = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
+        duplicate: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "expires_at", b"expires_at", "request_id", b"request_id", "reserved_micros", b"reserved_micros", "soft_limit_exceeded", b"soft_limit_exceeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "duplicate", b"duplicate", "expires_at", b"expires_at", "request_id", b"request_id", "reserved_micros", b"reserved_micros", "soft_limit_exceeded", b"soft_limit_exceeded"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -153,12 +164,31 @@ class SettleRequest(_message.Message):
     COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
     CACHED_TOKENS_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    ADMITTED_AT_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     prompt_tokens: _builtins.int
     completion_tokens: _builtins.int
     cached_tokens: _builtins.int
-    """Prompt tokens billed at the cached-input price."""
+    """Prompt tokens billed at the cached-input price; <= prompt_tokens."""
     finish_reason: _common_pb2.FinishReason.ValueType
+    tenant_id: _builtins.str
+    """Optional: the reservation's tenant; saves a lookup. Required, with model,
+    to record usage that has no reservation (admitted while billing was down).
+    """
+    key_id: _builtins.str
+    """Optional; used only when there is no reservation."""
+    model: _builtins.str
+    """Optional; used only when there is no reservation."""
+    @_builtins.property
+    def admitted_at(self) -> _timestamp_pb2.Timestamp:
+        """Optional; when the request was admitted, which selects the price and the
+        usage buckets when there is no reservation. Default: now. At most the
+        record retention (BILLING_RECORD_RETENTION_DAYS) in the past.
+        """
+
     def __init__(
         self,
         *,
@@ -167,10 +197,14 @@ class SettleRequest(_message.Message):
         completion_tokens: _builtins.int = ...,
         cached_tokens: _builtins.int = ...,
         finish_reason: _common_pb2.FinishReason.ValueType = ...,
+        tenant_id: _builtins.str = ...,
+        key_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        admitted_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["admitted_at", b"admitted_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "finish_reason", b"finish_reason", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_at", b"admitted_at", "cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "finish_reason", b"finish_reason", "key_id", b"key_id", "model", b"model", "prompt_tokens", b"prompt_tokens", "request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -186,12 +220,22 @@ class SettleResponse(_message.Message):
     CHARGED_MICROS_FIELD_NUMBER: _builtins.int
     CURRENCY_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    CORRECTED_FIELD_NUMBER: _builtins.int
+    UNRESERVED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     charged_micros: _builtins.int
     """Actual cost charged, in micros."""
     currency: _builtins.str
     duplicate: _builtins.bool
     """True when this request had already been settled (nothing changed)."""
+    corrected: _builtins.bool
+    """True when this Settle corrected a charge made when the reservation
+    expired (or was recorded after a Release).
+    """
+    unreserved: _builtins.bool
+    """True when no reservation existed and the usage was recorded from the
+    request's tenant_id, key_id, model and admitted_at.
+    """
     def __init__(
         self,
         *,
@@ -199,10 +243,12 @@ class SettleResponse(_message.Message):
         charged_micros: _builtins.int = ...,
         currency: _builtins.str = ...,
         duplicate: _builtins.bool = ...,
+        corrected: _builtins.bool = ...,
+        unreserved: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["charged_micros", b"charged_micros", "currency", b"currency", "duplicate", b"duplicate", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["charged_micros", b"charged_micros", "corrected", b"corrected", "currency", b"currency", "duplicate", b"duplicate", "request_id", b"request_id", "unreserved", b"unreserved"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -215,15 +261,19 @@ class ReleaseRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TENANT_ID_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
+    tenant_id: _builtins.str
+    """Optional: the reservation's tenant; saves a lookup."""
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
+        tenant_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -253,7 +303,9 @@ Global___ReleaseResponse: _TypeAlias = ReleaseResponse  # noqa: Y015
 
 @_typing.final
 class GetUsageRequest(_message.Message):
-    """Usage query."""
+    """Usage query. Usage is attributed to the hour in which the request was
+    admitted (reserved), also when it is settled later.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -268,9 +320,12 @@ class GetUsageRequest(_message.Message):
     """Optional filters."""
     model: _builtins.str
     granularity: Global___Granularity.ValueType
+    """Default (UNSPECIFIED): TOTAL."""
     @_builtins.property
     def start_time(self) -> _timestamp_pb2.Timestamp:
-        """Half-open range [start_time, end_time), at most 366 days."""
+        """Half-open range [start_time, end_time), at most 366 days; the buckets
+        (UTC hours or days) whose start lies in it are counted.
+        """
 
     @_builtins.property
     def end_time(self) -> _timestamp_pb2.Timestamp: ...
@@ -340,7 +395,9 @@ class GetUsageResponse(_message.Message):
     CURRENCY_FIELD_NUMBER: _builtins.int
     currency: _builtins.str
     @_builtins.property
-    def buckets(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageBucket]: ...
+    def buckets(self) -> _containers.RepeatedCompositeFieldContainer[Global___UsageBucket]:
+        """Buckets with usage, oldest first (empty buckets are left out)."""
+
     @_builtins.property
     def total(self) -> Global___UsageBucket: ...
     def __init__(
@@ -372,21 +429,26 @@ class Budget(_message.Message):
     SPENT_MICROS_FIELD_NUMBER: _builtins.int
     RESERVED_MICROS_FIELD_NUMBER: _builtins.int
     RESETS_AT_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     key_id: _builtins.str
     """Empty for the tenant-wide budget."""
     period: Global___BudgetPeriod.ValueType
     hard_limit_micros: _builtins.int
-    """Requests that would exceed it are refused; 0 = no hard limit."""
+    """Requests that would exceed it are refused; 0 = no hard limit.
+    At most 10^15 micros.
+    """
     soft_limit_micros: _builtins.int
-    """Requests beyond it are allowed and flagged; 0 = none."""
+    """Requests beyond it are allowed and flagged; 0 = none; <= hard limit."""
     spent_micros: _builtins.int
     """Settled spend in the current period (read-only)."""
     reserved_micros: _builtins.int
     """Held by open reservations (read-only)."""
+    currency: _builtins.str
+    """Currency of the amounts (read-only)."""
     @_builtins.property
     def resets_at(self) -> _timestamp_pb2.Timestamp:
-        """Start of the next period (read-only)."""
+        """Start of the next period (read-only; unset for TOTAL)."""
 
     def __init__(
         self,
@@ -399,10 +461,11 @@ class Budget(_message.Message):
         spent_micros: _builtins.int = ...,
         reserved_micros: _builtins.int = ...,
         resets_at: _timestamp_pb2.Timestamp | None = ...,
+        currency: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["resets_at", b"resets_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["hard_limit_micros", b"hard_limit_micros", "key_id", b"key_id", "period", b"period", "reserved_micros", b"reserved_micros", "resets_at", b"resets_at", "soft_limit_micros", b"soft_limit_micros", "spent_micros", b"spent_micros", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "hard_limit_micros", b"hard_limit_micros", "key_id", b"key_id", "period", b"period", "reserved_micros", b"reserved_micros", "resets_at", b"resets_at", "soft_limit_micros", b"soft_limit_micros", "spent_micros", b"spent_micros", "tenant_id", b"tenant_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -500,7 +563,10 @@ Global___SetBudgetResponse: _TypeAlias = SetBudgetResponse  # noqa: Y015
 
 @_typing.final
 class ExportUsageRequest(_message.Message):
-    """Export request."""
+    """Export request: settled and expired (charged) requests admitted in
+    [start_time, end_time), at most 366 days, ordered by admission time per
+    tenant.
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -530,7 +596,11 @@ Global___ExportUsageRequest: _TypeAlias = ExportUsageRequest  # noqa: Y015
 
 @_typing.final
 class ExportUsageResponse(_message.Message):
-    """One CSV line (RFC 4180, no trailing newline); the first is the header."""
+    """One CSV line (RFC 4180, no trailing newline); the first is the header:
+    request_id,tenant_id,key_id,model,admitted_at,settled_at,status,
+    prompt_tokens,completion_tokens,cached_tokens,cost_micros,currency,
+    finish_reason (status: settled, expired, corrected).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 

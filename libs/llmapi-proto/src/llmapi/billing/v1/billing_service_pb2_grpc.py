@@ -30,6 +30,17 @@ class BillingServiceStub:
     Reserve holds the worst-case cost against budgets at admission, Settle
     records the actual usage and releases the rest, Release cancels. Money is
     in integer micro-units of the price's currency (1 USD = 1,000,000 micros).
+
+    Cost of a request (one rounding, on the request's total):
+    ceil(((prompt - cached) * input + cached * cached_input
+    + completion * output) / 1,000,000) micros,
+    with prices in micros per 1,000,000 tokens, taken from the price in force
+    when the request was admitted (reserved).
+
+    Identifiers (tenant_id, key_id) are 1-64 characters [A-Za-z0-9._@-]
+    starting with a letter or digit; request ids 1-128 characters
+    [A-Za-z0-9._:~+/=-]; model names 1-128 characters [A-Za-z0-9._:/@-].
+    Token counts are at most 100,000,000 (BILLING_MAX_TOKENS).
     """
 
     def __init__(self, channel):
@@ -85,25 +96,41 @@ class BillingServiceServicer:
     Reserve holds the worst-case cost against budgets at admission, Settle
     records the actual usage and releases the rest, Release cancels. Money is
     in integer micro-units of the price's currency (1 USD = 1,000,000 micros).
+
+    Cost of a request (one rounding, on the request's total):
+    ceil(((prompt - cached) * input + cached * cached_input
+    + completion * output) / 1,000,000) micros,
+    with prices in micros per 1,000,000 tokens, taken from the price in force
+    when the request was admitted (reserved).
+
+    Identifiers (tenant_id, key_id) are 1-64 characters [A-Za-z0-9._@-]
+    starting with a letter or digit; request ids 1-128 characters
+    [A-Za-z0-9._:~+/=-]; model names 1-128 characters [A-Za-z0-9._:/@-].
+    Token counts are at most 100,000,000 (BILLING_MAX_TOKENS).
     """
 
     def Reserve(self, request, context):
         """Hold the worst-case cost of a request against the key's and tenant's
-        budgets. RESOURCE_EXHAUSTED with QuotaFailure over a hard limit.
+        budgets. RESOURCE_EXHAUSTED with QuotaFailure (and RetryInfo until the
+        budget period resets) over a hard limit; NOT_FOUND when the model has no
+        price; ALREADY_EXISTS when the request id was used with other arguments.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Settle(self, request, context):
-        """Record actual usage and release the rest of the reservation.
+        """Record actual usage and release the rest of the reservation. A Settle
+        after the reservation expired corrects the expired charge; a Settle
+        without any reservation records the usage when tenant_id and model are
+        given (outbox replays), else NOT_FOUND.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Release(self, request, context):
-        """Cancel a reservation that produced no usage.
+        """Cancel a reservation that produced no usage (refunds an expired charge).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -200,6 +227,17 @@ class BillingService:
     Reserve holds the worst-case cost against budgets at admission, Settle
     records the actual usage and releases the rest, Release cancels. Money is
     in integer micro-units of the price's currency (1 USD = 1,000,000 micros).
+
+    Cost of a request (one rounding, on the request's total):
+    ceil(((prompt - cached) * input + cached * cached_input
+    + completion * output) / 1,000,000) micros,
+    with prices in micros per 1,000,000 tokens, taken from the price in force
+    when the request was admitted (reserved).
+
+    Identifiers (tenant_id, key_id) are 1-64 characters [A-Za-z0-9._@-]
+    starting with a letter or digit; request ids 1-128 characters
+    [A-Za-z0-9._:~+/=-]; model names 1-128 characters [A-Za-z0-9._:/@-].
+    Token counts are at most 100,000,000 (BILLING_MAX_TOKENS).
     """
 
     @staticmethod

@@ -31,6 +31,17 @@ class BillingServiceStub:
     Reserve holds the worst-case cost against budgets at admission, Settle
     records the actual usage and releases the rest, Release cancels. Money is
     in integer micro-units of the price's currency (1 USD = 1,000,000 micros).
+
+    Cost of a request (one rounding, on the request's total):
+      ceil(((prompt - cached) * input + cached * cached_input
+            + completion * output) / 1,000,000) micros,
+    with prices in micros per 1,000,000 tokens, taken from the price in force
+    when the request was admitted (reserved).
+
+    Identifiers (tenant_id, key_id) are 1-64 characters [A-Za-z0-9._@-]
+    starting with a letter or digit; request ids 1-128 characters
+    [A-Za-z0-9._:~+/=-]; model names 1-128 characters [A-Za-z0-9._:/@-].
+    Token counts are at most 100,000,000 (BILLING_MAX_TOKENS).
     """
 
     @_typing.overload
@@ -39,12 +50,18 @@ class BillingServiceStub:
     def __new__(cls, channel: _aio.Channel) -> BillingServiceAsyncStub: ...
     Reserve: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.ReserveRequest, _billing_service_pb2.ReserveResponse]
     """Hold the worst-case cost of a request against the key's and tenant's
-    budgets. RESOURCE_EXHAUSTED with QuotaFailure over a hard limit.
+    budgets. RESOURCE_EXHAUSTED with QuotaFailure (and RetryInfo until the
+    budget period resets) over a hard limit; NOT_FOUND when the model has no
+    price; ALREADY_EXISTS when the request id was used with other arguments.
     """
     Settle: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.SettleRequest, _billing_service_pb2.SettleResponse]
-    """Record actual usage and release the rest of the reservation."""
+    """Record actual usage and release the rest of the reservation. A Settle
+    after the reservation expired corrects the expired charge; a Settle
+    without any reservation records the usage when tenant_id and model are
+    given (outbox replays), else NOT_FOUND.
+    """
     Release: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.ReleaseRequest, _billing_service_pb2.ReleaseResponse]
-    """Cancel a reservation that produced no usage."""
+    """Cancel a reservation that produced no usage (refunds an expired charge)."""
     GetUsage: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetUsageRequest, _billing_service_pb2.GetUsageResponse]
     """Aggregated usage over a time range."""
     GetBudget: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetBudgetRequest, _billing_service_pb2.GetBudgetResponse]
@@ -62,17 +79,34 @@ class BillingServiceAsyncStub(BillingServiceStub):
     Reserve holds the worst-case cost against budgets at admission, Settle
     records the actual usage and releases the rest, Release cancels. Money is
     in integer micro-units of the price's currency (1 USD = 1,000,000 micros).
+
+    Cost of a request (one rounding, on the request's total):
+      ceil(((prompt - cached) * input + cached * cached_input
+            + completion * output) / 1,000,000) micros,
+    with prices in micros per 1,000,000 tokens, taken from the price in force
+    when the request was admitted (reserved).
+
+    Identifiers (tenant_id, key_id) are 1-64 characters [A-Za-z0-9._@-]
+    starting with a letter or digit; request ids 1-128 characters
+    [A-Za-z0-9._:~+/=-]; model names 1-128 characters [A-Za-z0-9._:/@-].
+    Token counts are at most 100,000,000 (BILLING_MAX_TOKENS).
     """
 
     def __init__(self, channel: _aio.Channel) -> None: ...
     Reserve: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.ReserveRequest, _billing_service_pb2.ReserveResponse]  # type: ignore[assignment]
     """Hold the worst-case cost of a request against the key's and tenant's
-    budgets. RESOURCE_EXHAUSTED with QuotaFailure over a hard limit.
+    budgets. RESOURCE_EXHAUSTED with QuotaFailure (and RetryInfo until the
+    budget period resets) over a hard limit; NOT_FOUND when the model has no
+    price; ALREADY_EXISTS when the request id was used with other arguments.
     """
     Settle: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.SettleRequest, _billing_service_pb2.SettleResponse]  # type: ignore[assignment]
-    """Record actual usage and release the rest of the reservation."""
+    """Record actual usage and release the rest of the reservation. A Settle
+    after the reservation expired corrects the expired charge; a Settle
+    without any reservation records the usage when tenant_id and model are
+    given (outbox replays), else NOT_FOUND.
+    """
     Release: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.ReleaseRequest, _billing_service_pb2.ReleaseResponse]  # type: ignore[assignment]
-    """Cancel a reservation that produced no usage."""
+    """Cancel a reservation that produced no usage (refunds an expired charge)."""
     GetUsage: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetUsageRequest, _billing_service_pb2.GetUsageResponse]  # type: ignore[assignment]
     """Aggregated usage over a time range."""
     GetBudget: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetBudgetRequest, _billing_service_pb2.GetBudgetResponse]  # type: ignore[assignment]
@@ -89,6 +123,17 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
     Reserve holds the worst-case cost against budgets at admission, Settle
     records the actual usage and releases the rest, Release cancels. Money is
     in integer micro-units of the price's currency (1 USD = 1,000,000 micros).
+
+    Cost of a request (one rounding, on the request's total):
+      ceil(((prompt - cached) * input + cached * cached_input
+            + completion * output) / 1,000,000) micros,
+    with prices in micros per 1,000,000 tokens, taken from the price in force
+    when the request was admitted (reserved).
+
+    Identifiers (tenant_id, key_id) are 1-64 characters [A-Za-z0-9._@-]
+    starting with a letter or digit; request ids 1-128 characters
+    [A-Za-z0-9._:~+/=-]; model names 1-128 characters [A-Za-z0-9._:/@-].
+    Token counts are at most 100,000,000 (BILLING_MAX_TOKENS).
     """
 
     @_abc_1.abstractmethod
@@ -98,7 +143,9 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_billing_service_pb2.ReserveResponse, _abc.Awaitable[_billing_service_pb2.ReserveResponse]]:
         """Hold the worst-case cost of a request against the key's and tenant's
-        budgets. RESOURCE_EXHAUSTED with QuotaFailure over a hard limit.
+        budgets. RESOURCE_EXHAUSTED with QuotaFailure (and RetryInfo until the
+        budget period resets) over a hard limit; NOT_FOUND when the model has no
+        price; ALREADY_EXISTS when the request id was used with other arguments.
         """
 
     @_abc_1.abstractmethod
@@ -107,7 +154,11 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _billing_service_pb2.SettleRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_billing_service_pb2.SettleResponse, _abc.Awaitable[_billing_service_pb2.SettleResponse]]:
-        """Record actual usage and release the rest of the reservation."""
+        """Record actual usage and release the rest of the reservation. A Settle
+        after the reservation expired corrects the expired charge; a Settle
+        without any reservation records the usage when tenant_id and model are
+        given (outbox replays), else NOT_FOUND.
+        """
 
     @_abc_1.abstractmethod
     def Release(
@@ -115,7 +166,7 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _billing_service_pb2.ReleaseRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_billing_service_pb2.ReleaseResponse, _abc.Awaitable[_billing_service_pb2.ReleaseResponse]]:
-        """Cancel a reservation that produced no usage."""
+        """Cancel a reservation that produced no usage (refunds an expired charge)."""
 
     @_abc_1.abstractmethod
     def GetUsage(

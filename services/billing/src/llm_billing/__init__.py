@@ -1,0 +1,1 @@
+"""The billing service: two-phase usage metering, budgets, prices and invoices."""

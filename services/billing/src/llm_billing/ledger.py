@@ -1,0 +1,356 @@
+"""Two-phase metering on the Redis ledger: Reserve, Settle, Release and reservation expiry.
+
+Every state change is one Lua script in the tenant's slot, so it is atomic, and every one
+is idempotent by request id: a record moves R (reserved) -> S (settled) | X (released) |
+E (expired, charged at the reserved amount); E -> S corrects the charge, E -> X refunds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import redis.asyncio
+from redis.exceptions import NoScriptError
+
+from llm_billing.config import LedgerSettings
+from llm_billing.keys import KeySpace
+from llm_billing.prices import Price, PriceBook
+from llm_billing.scripts import Scripts
+from llm_billing.store import now_ms
+from llm_billing.timeutil import Period, day_id, hour_id, month_id, period_end_ms
+from llm_common.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    NotFound,
+    QuotaExceeded,
+    QuotaViolation,
+)
+
+SWEEP_BATCH = 500
+MAX_CLOCK_SKEW_MS = 5 * 60_000  # how far in the future an `admitted_at` may lie
+
+
+@dataclass(frozen=True, slots=True)
+class ReserveInput:
+    """A request to admit."""
+
+    request_id: str
+    tenant_id: str
+    key_id: str
+    model: str
+    prompt_tokens: int
+    max_completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What Reserve held (or had held, when `duplicate`)."""
+
+    request_id: str
+    reserved_micros: int
+    currency: str
+    soft_limit_exceeded: bool
+    expires_at_ms: int
+    duplicate: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Actual usage of a finished request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    finish_reason: int
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Who and what to bill when a Settle finds no reservation (admitted while billing was
+    unreachable); `admitted_at_ms` None means now."""
+
+    key_id: str
+    model: str
+    admitted_at_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SettleInput:
+    """A Settle: `tenant_id` may be empty (looked up); `admission` is needed only when there
+    is no reservation."""
+
+    request_id: str
+    tenant_id: str
+    usage: Usage
+    admission: Admission | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """The outcome of a Settle."""
+
+    request_id: str
+    charged_micros: int
+    currency: str
+    duplicate: bool
+    corrected: bool
+    unreserved: bool
+
+
+class Ledger:
+    """Reserve/Settle/Release/expiry against one Redis; `clock` returns epoch ms."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        keys: KeySpace,
+        prices: PriceBook,
+        settings: LedgerSettings,
+        *,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self._client = client
+        self._keys = keys
+        self._prices = prices
+        self._settings = settings
+        self._clock = clock
+        self._scripts = Scripts.register(client)
+
+    @property
+    def prices(self) -> PriceBook:
+        return self._prices
+
+    async def reserve(self, r: ReserveInput) -> Reservation:
+        """Hold the worst-case cost; QuotaExceeded over a hard limit.
+
+        One round trip: the script and the claim of the request id travel in one pipeline.
+        A request id already owned by another tenant is refused and the reservation the
+        script may have made is undone."""
+        now = self._clock()
+        price = self._price(r.model, now)
+        keys = self._record_keys(r.tenant_id, r.request_id)
+        args = [
+            self._keys.tenant_base(r.tenant_id),
+            r.request_id,
+            r.key_id,
+            r.model,
+            r.prompt_tokens,
+            r.max_completion_tokens,
+            *_price_args(price),
+            now,
+            now + self._settings.reservation_ttl_ms,
+            *_time_args(now),
+            self._settings.retention_ms,
+        ]
+        reply, owner = await self._reserve_and_claim(r, keys, args)
+        if owner != r.tenant_id:
+            if reply[0] == "ok":
+                await self._scripts.forget(keys=keys, args=[args[0], r.request_id, now])
+            raise AlreadyExists("request", r.request_id, "request_id is used by another request")
+        return self._reservation(r, reply, now)
+
+    async def _reserve_and_claim(
+        self, r: ReserveInput, keys: list[str], args: list[str | int]
+    ) -> tuple[list[str], str | None]:
+        owner_key = self._keys.request_owner(r.request_id)
+        for _ in range(2):
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(self._scripts.reserve.sha, len(keys), *keys, *args)
+                pipe.set(owner_key, r.tenant_id, nx=True, px=self._settings.retention_ms)
+                pipe.get(owner_key)
+                pipe.sadd(self._keys.tenants(), r.tenant_id)
+                reply, _, owner, _ = await pipe.execute(raise_on_error=False)
+            if not isinstance(reply, NoScriptError):
+                break
+            await self._scripts.load(self._client)  # Redis restarted or flushed its scripts
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(owner, Exception):
+            raise owner
+        return reply, None if owner is None else str(owner)
+
+    async def settle(self, s: SettleInput) -> Settlement:
+        """Record actual usage; without a reservation it needs `s.admission` (else NotFound)."""
+        tenant = s.tenant_id or await self._owner(s.request_id)
+        reply = None
+        if tenant is not None:
+            reply = await self._settle(tenant, s, ())
+        if reply is None or reply[0] == "missing":
+            if s.admission is None or not s.tenant_id:
+                raise NotFound("reservation", s.request_id)
+            tenant = s.tenant_id
+            extra = self._admission_args(s.admission)
+            await self._claim(s.request_id, tenant)
+            reply = await self._settle(tenant, s, extra)
+        return _settlement(s.request_id, reply)
+
+    async def release(self, request_id: str, tenant_id: str = "") -> bool:
+        """Cancel an open reservation (or refund an expired charge); False if nothing to do."""
+        tenant = tenant_id or await self._owner(request_id)
+        if tenant is None:
+            return False
+        released = await self._scripts.release(
+            keys=self._record_keys(tenant, request_id)[:2],
+            args=[self._keys.tenant_base(tenant), request_id, self._clock()],
+        )
+        return bool(int(released))
+
+    async def expire_due(self, tenant_id: str, batch: int = SWEEP_BATCH) -> int:
+        """Charge up to `batch` of the tenant's expired reservations; returns how many."""
+        now = self._clock()
+        count = await self._scripts.expire(
+            keys=[self._keys.open_reservations(tenant_id), self._keys.records_by_time(tenant_id)],
+            args=[
+                self._keys.tenant_base(tenant_id),
+                now,
+                batch,
+                now - self._settings.retention_ms,
+            ],
+        )
+        return int(count)
+
+    async def sweep(self) -> int:
+        """Charge every tenant's expired reservations; returns how many."""
+        total = 0
+        async for tenant in self._client.sscan_iter(self._keys.tenants(), count=500):
+            while True:
+                expired = await self.expire_due(tenant)
+                total += expired
+                if expired < SWEEP_BATCH:
+                    break
+        return total
+
+    def _price(self, model: str, at_ms: int) -> Price:
+        price = self._prices.at(model, at_ms)
+        if price is None:
+            raise NotFound("price", model, f"model {model!r} has no price")
+        return price
+
+    def _record_keys(self, tenant: str, request_id: str) -> list[str]:
+        return [
+            self._keys.record(tenant, request_id),
+            self._keys.open_reservations(tenant),
+            self._keys.records_by_time(tenant),
+        ]
+
+    async def _claim(self, request_id: str, tenant: str) -> None:
+        """Bind the request id to the tenant (first writer wins) and register the tenant."""
+        owner_key = self._keys.request_owner(request_id)
+        async with self._client.pipeline(transaction=False) as pipe:
+            pipe.set(owner_key, tenant, nx=True, px=self._settings.retention_ms)
+            pipe.get(owner_key)
+            pipe.sadd(self._keys.tenants(), tenant)
+            _, owner, _ = await pipe.execute()
+        if owner != tenant:
+            raise AlreadyExists("request", request_id, "request_id is used by another request")
+
+    async def _owner(self, request_id: str) -> str | None:
+        owner = await self._client.get(self._keys.request_owner(request_id))
+        return None if owner is None else str(owner)
+
+    async def _settle(self, tenant: str, s: SettleInput, extra: Sequence[str | int]) -> list[str]:
+        u = s.usage
+        reply: list[str] = await self._scripts.settle(
+            keys=self._record_keys(tenant, s.request_id),
+            args=[
+                self._keys.tenant_base(tenant),
+                s.request_id,
+                u.prompt_tokens,
+                u.completion_tokens,
+                u.cached_tokens,
+                u.finish_reason,
+                self._clock(),
+                *extra,
+            ],
+        )
+        return reply
+
+    def _admission_args(self, a: Admission) -> list[str | int]:
+        now = self._clock()
+        at = now if a.admitted_at_ms is None else a.admitted_at_ms
+        if at > now + MAX_CLOCK_SKEW_MS:
+            raise InvalidArgument([FieldViolation("admitted_at", "must not be in the future")])
+        if at < now - self._settings.retention_ms:
+            # The record of such a request may already be gone, so a duplicate could not be
+            # recognised: refuse rather than risk counting it twice.
+            raise FailedPrecondition("admitted_at is older than the billing record retention")
+        price = self._price(a.model, at)
+        return [
+            a.key_id,
+            a.model,
+            *_price_args(price),
+            at,
+            *_time_args(at),
+            self._settings.retention_ms,
+        ]
+
+    def _reservation(self, r: ReserveInput, reply: list[str], now: int) -> Reservation:
+        kind = reply[0]
+        if kind == "ok":
+            return Reservation(
+                request_id=r.request_id,
+                reserved_micros=int(reply[1]),
+                currency=self._prices.currency,
+                soft_limit_exceeded=reply[2] == "1",
+                expires_at_ms=now + self._settings.reservation_ttl_ms,
+                duplicate=False,
+            )
+        if kind == "dup":
+            if reply[1] != "1":
+                raise AlreadyExists(
+                    "request", r.request_id, "request_id was reserved with other arguments"
+                )
+            return Reservation(
+                request_id=r.request_id,
+                reserved_micros=int(reply[2]),
+                currency=reply[3],
+                soft_limit_exceeded=reply[4] == "1",
+                expires_at_ms=int(reply[5]),
+                duplicate=True,
+            )
+        raise self._over_budget(r, reply, now)
+
+    def _over_budget(self, r: ReserveInput, reply: list[str], now: int) -> QuotaExceeded:
+        _, scope, period_name, hard, used, amount = reply
+        period = Period(period_name)
+        subject = f"tenant:{r.tenant_id}" if scope == "t" else f"key:{r.key_id}"
+        per = "in total" if period is Period.TOTAL else f"per {period.value}"
+        description = (
+            f"hard budget of {hard} micros {per} would be exceeded: {used} used or held, "
+            f"this request needs up to {amount}"
+        )
+        end = period_end_ms(period, now)
+        retry = None if end is None else (end - now) / 1000
+        return QuotaExceeded(
+            [QuotaViolation(subject, description)], retry_after_s=retry, message="budget exceeded"
+        )
+
+
+def _price_args(price: Price) -> list[str | int]:
+    return [
+        price.input_micros_per_mtok,
+        price.output_micros_per_mtok,
+        price.cached_input_micros_per_mtok,
+        price.effective_from_ms,
+        price.currency,
+    ]
+
+
+def _time_args(at_ms: int) -> list[str | int]:
+    return [hour_id(at_ms), day_id(at_ms), month_id(at_ms)]
+
+
+def _settlement(request_id: str, reply: list[str]) -> Settlement:
+    if reply[0] == "dup":
+        return Settlement(request_id, int(reply[1]), reply[2], True, reply[3] == "1", False)
+    return Settlement(
+        request_id=request_id,
+        charged_micros=int(reply[1]),
+        currency=reply[2],
+        duplicate=False,
+        corrected=reply[3] == "1",
+        unreserved=reply[4] == "1",
+    )

@@ -1,0 +1,111 @@
+"""Wiring: price book, Redis ledger and sweeper, then BillingService on llm_common's server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+import redis.asyncio
+
+from llm_billing.budgets import Budgets
+from llm_billing.config import Settings
+from llm_billing.invoice import InvoiceExporter
+from llm_billing.keys import KeySpace
+from llm_billing.ledger import Ledger
+from llm_billing.metrics import BillingMetrics, default_billing_metrics
+from llm_billing.prices import PriceBook, load_prices
+from llm_billing.service import BillingServicer
+from llm_billing.store import STORE_UNAVAILABLE, make_client, now_ms
+from llm_billing.sweeper import Sweeper
+from llm_billing.usage import UsageReader
+from llm_common import server as common_server
+from llm_common.config import ConfigError
+from llm_common.logging import get_logger
+from llm_common.resilience import Backoff
+from llm_common.server import BuiltServer, ServiceSpec
+from llmapi.billing.v1 import billing_service_pb2 as pb
+from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BillingService"].full_name
+REDIS_WAIT = Backoff(base=0.2, cap=2.0, jitter=0.2, max_attempts=15)  # about 25 s in all
+_log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Billing:
+    """The wired service: its Redis client, domain components, servicer and sweeper."""
+
+    client: redis.asyncio.Redis
+    ledger: Ledger
+    budgets: Budgets
+    usage: UsageReader
+    invoices: InvoiceExporter
+    servicer: BillingServicer
+    sweeper: Sweeper
+
+
+def build_billing(
+    settings: Settings,
+    prices: PriceBook,
+    *,
+    metrics: BillingMetrics | None = None,
+    clock: Callable[[], int] = now_ms,
+) -> Billing:
+    """Every component over one Redis client (nothing connects until first use)."""
+    client = make_client(settings.redis)
+    keys = KeySpace(settings.ledger.key_prefix)
+    metrics = metrics or default_billing_metrics()
+    ledger = Ledger(client, keys, prices, settings.ledger, clock=clock)
+    budgets = Budgets(client, keys, prices.currency, clock=clock)
+    usage, invoices = UsageReader(client, keys), InvoiceExporter(client, keys)
+    servicer = BillingServicer(ledger, budgets, usage, invoices, settings.limits, metrics)
+    sweeper = Sweeper(ledger, settings.ledger.sweep_interval_s, metrics)
+    return Billing(client, ledger, budgets, usage, invoices, servicer, sweeper)
+
+
+def build_spec(billing: Billing) -> ServiceSpec:
+    """The ServiceSpec for llm_common.server: health turns SERVING once Redis answers."""
+
+    def register(server: grpc.aio.Server) -> None:
+        pb_grpc.add_BillingServiceServicer_to_server(billing.servicer, server)
+
+    async def on_start() -> None:
+        await wait_for_redis(billing.client)
+        billing.sweeper.start()
+
+    async def on_stop() -> None:
+        await billing.sweeper.stop()
+        await billing.client.aclose()
+
+    return ServiceSpec((SERVICE_NAME,), register, on_start=on_start, on_stop=on_stop)
+
+
+async def wait_for_redis(client: redis.asyncio.Redis, backoff: Backoff = REDIS_WAIT) -> None:
+    """PING until Redis answers; ConfigError (naming REDIS_URL) when it never does."""
+    delays = iter(backoff)
+    while True:
+        try:
+            await client.ping()
+            return
+        except STORE_UNAVAILABLE as exc:
+            delay = next(delays, None)
+            if delay is None:
+                raise ConfigError.for_variable(
+                    "REDIS_URL", f"Redis did not answer ({type(exc).__name__})"
+                ) from exc
+            _log.warning("waiting for Redis", error=type(exc).__name__, retry_in_s=delay)
+            await asyncio.sleep(delay)
+
+
+async def serve(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[BuiltServer], None] | None = None,
+) -> None:
+    """Load the prices, then serve until SIGTERM/SIGINT (or `stop`)."""
+    prices = load_prices(settings.prices_config, settings.ledger.default_currency)
+    billing = build_billing(settings, prices)
+    await common_server.serve(settings.server, build_spec(billing), stop=stop, ready=ready)

