@@ -522,9 +522,17 @@ class ReserveTokensResponse(_message.Message):
     RESERVATION_ID_FIELD_NUMBER: _builtins.int
     REMAINING_FIELD_NUMBER: _builtins.int
     RESET_AFTER_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    ENFORCED_FIELD_NUMBER: _builtins.int
     reservation_id: _builtins.str
     remaining: _builtins.int
     """Tokens left in the current window after this reservation."""
+    limit: _builtins.int
+    """The key's tokens-per-minute limit; 0 = unlimited (then remaining is 0 too)."""
+    enforced: _builtins.bool
+    """False when the reservation was granted without a check because the limiter's store
+    was unreachable and the service fails open (counted in its metrics).
+    """
     @_builtins.property
     def reset_after(self) -> _duration_pb2.Duration:
         """Time until the limit is fully replenished."""
@@ -535,10 +543,12 @@ class ReserveTokensResponse(_message.Message):
         reservation_id: _builtins.str = ...,
         remaining: _builtins.int = ...,
         reset_after: _duration_pb2.Duration | None = ...,
+        limit: _builtins.int = ...,
+        enforced: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["reset_after", b"reset_after"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["remaining", b"remaining", "reservation_id", b"reservation_id", "reset_after", b"reset_after"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enforced", b"enforced", "limit", b"limit", "remaining", b"remaining", "reservation_id", b"reservation_id", "reset_after", b"reset_after"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -640,10 +650,14 @@ class AcquireConcurrencyResponse(_message.Message):
     IN_USE_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
+    ENFORCED_FIELD_NUMBER: _builtins.int
     lease_id: _builtins.str
     in_use: _builtins.int
     """Slots in use, this one included."""
     limit: _builtins.int
+    """The key's max_concurrent_requests; 0 = unlimited."""
+    enforced: _builtins.bool
+    """False when granted without a check (limiter store unreachable, fail-open)."""
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -653,10 +667,11 @@ class AcquireConcurrencyResponse(_message.Message):
         in_use: _builtins.int = ...,
         limit: _builtins.int = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
+        enforced: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "in_use", b"in_use", "lease_id", b"lease_id", "limit", b"limit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["enforced", b"enforced", "expires_at", b"expires_at", "in_use", b"in_use", "lease_id", b"lease_id", "limit", b"limit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

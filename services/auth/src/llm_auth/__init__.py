@@ -1,0 +1,1 @@
+"""The auth service: API keys, JWT, scopes and exact distributed rate limits."""

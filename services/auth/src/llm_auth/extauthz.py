@@ -1,0 +1,194 @@
+"""Envoy ext_authz (envoy.service.auth.v3.Authorization/Check) over the Authenticator."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import grpc
+from envoy.config.core.v3 import base_pb2
+from envoy.service.auth.v3 import external_auth_pb2 as authz_pb
+from envoy.service.auth.v3 import external_auth_pb2_grpc as authz_grpc
+from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
+from google.rpc import status_pb2
+
+from llm_auth.authenticator import Authenticator
+from llm_auth.metrics import AuthMetrics
+from llm_auth.principal import Principal, authorize
+from llm_common.errors import ServiceError, Unauthenticated
+
+Context = grpc.aio.ServicerContext[Any, Any]
+CREDENTIAL_HEADERS = ("authorization", "x-api-key")
+IDENTITY_HEADERS = ("x-tenant-id", "x-key-id", "x-scopes", "x-credential-type", "x-allowed-models")
+MODEL_HEADER = "x-model"
+MAX_MODEL_CHARS = 256
+METADATA_NAMESPACE = "envoy.filters.http.ext_authz"  # where Envoy files dynamic_metadata
+_OVERWRITE = base_pb2.HeaderValueOption.HeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
+# gRPC status of the denial -> HTTP status Envoy answers with.
+_HTTP_STATUS = {
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.UNAVAILABLE: 503,
+}
+
+
+def request_headers(http: Any) -> dict[str, str]:
+    """Lower-cased request headers, from `headers` or (raw header mode) `header_map`."""
+    if http.headers:
+        return {key.lower(): value for key, value in http.headers.items()}
+    return {
+        h.key.lower(): h.raw_value.decode("utf-8", "replace") or h.value
+        for h in http.header_map.headers
+    }
+
+
+def credential_from(headers: Mapping[str, str]) -> str:
+    """The credential of `authorization: Bearer …` or `x-api-key`; Unauthenticated if it is
+    missing, malformed, or two different ones were sent."""
+    bearer = _bearer(headers.get("authorization"))
+    api_key = (headers.get("x-api-key") or "").strip() or None
+    if bearer is not None and api_key is not None and bearer != api_key:
+        raise Unauthenticated("send one credential, not two", reason="CREDENTIAL_AMBIGUOUS")
+    credential = bearer or api_key
+    if credential is None:
+        raise Unauthenticated(
+            "missing credential: send 'authorization: Bearer <key>' or 'x-api-key: <key>'",
+            reason="CREDENTIAL_MISSING",
+        )
+    return credential
+
+
+def _bearer(value: str | None) -> str | None:
+    if value is None:
+        return None
+    scheme, _, token = value.strip().partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated(
+            "authorization header must be 'Bearer <credential>'", reason="CREDENTIAL_MALFORMED"
+        )
+    return token.strip()
+
+
+def required_scopes(extensions: Mapping[str, str]) -> list[str]:
+    """Scopes a route demands, from its context extension `required_scopes` (space or comma
+    separated)."""
+    return extensions.get("required_scopes", "").replace(",", " ").split()
+
+
+def _header(key: str, value: str) -> Any:
+    return base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=key, value=value), append_action=_OVERWRITE
+    )
+
+
+def identity_headers(principal: Principal) -> list[tuple[str, str]]:
+    """What the upstream learns about the caller."""
+    headers = [
+        ("x-tenant-id", principal.tenant_id),
+        ("x-key-id", principal.key_id),
+        ("x-scopes", ",".join(principal.scopes)),
+        ("x-credential-type", principal.credential_type.value),
+    ]
+    if principal.model_restriction:
+        headers.append(("x-allowed-models", ",".join(principal.model_restriction)))
+    return headers
+
+
+def allowed(principal: Principal) -> Any:
+    """OK: identity headers set (overwriting anything the client sent), credentials dropped,
+    identity in dynamic metadata for rate-limit descriptors."""
+    set_headers = identity_headers(principal)
+    set_names = {name for name, _ in set_headers}
+    metadata = struct_pb2.Struct()
+    metadata.update(
+        {
+            "tenant": principal.tenant_id,
+            "key_id": principal.key_id,
+            "credential_type": principal.credential_type.value,
+        }
+    )
+    ok = authz_pb.OkHttpResponse(
+        headers=[_header(name, value) for name, value in set_headers],
+        headers_to_remove=[
+            *CREDENTIAL_HEADERS,
+            *(h for h in IDENTITY_HEADERS if h not in set_names),
+        ],
+    )
+    return authz_pb.CheckResponse(
+        status=status_pb2.Status(code=0), ok_response=ok, dynamic_metadata=metadata
+    )
+
+
+def public() -> Any:
+    """OK without identity (health checks); identity headers a client sent are removed."""
+    ok = authz_pb.OkHttpResponse(headers_to_remove=list(IDENTITY_HEADERS))
+    return authz_pb.CheckResponse(status=status_pb2.Status(code=0), ok_response=ok)
+
+
+def denied(err: ServiceError, *, grpc_request: bool) -> tuple[int, Any]:
+    """The HTTP status and CheckResponse for a failed check, with a body clients can read:
+    JSON for HTTP clients, the plain message for gRPC ones (it becomes grpc-message)."""
+    http_status = _HTTP_STATUS.get(err.code, 403)
+    reason = str(getattr(err, "reason", err.code.name))
+    headers = [("content-type", "text/plain" if grpc_request else "application/json")]
+    if http_status == 401:
+        headers.append(("www-authenticate", 'Bearer realm="llm-api"'))
+    retry_after = getattr(err, "retry_after_s", None)
+    if retry_after is not None:
+        headers.append(("retry-after", str(max(1, math.ceil(retry_after)))))
+    body = f"{err.message} ({reason})" if grpc_request else _json_body(http_status, err, reason)
+    response = authz_pb.CheckResponse(
+        status=status_pb2.Status(code=err.code.value[0], message=err.message),
+        denied_response=authz_pb.DeniedHttpResponse(
+            status=http_status_pb2.HttpStatus(code=http_status),
+            headers=[_header(name, value) for name, value in headers],
+            body=body,
+        ),
+    )
+    return http_status, response
+
+
+def _json_body(http_status: int, err: ServiceError, reason: str) -> str:
+    error = {"code": http_status, "status": err.code.name, "reason": reason, "message": err.message}
+    return json.dumps({"error": error})
+
+
+class AuthorizationServicer(authz_grpc.AuthorizationServicer):  # type: ignore[misc]
+    """Check: public paths pass; otherwise the credential must verify and carry the route's
+    `required_scopes` and allow the requested model (`x-model` header or the route's `model`
+    context extension)."""
+
+    def __init__(
+        self, authenticator: Authenticator, public_paths: Sequence[str], metrics: AuthMetrics
+    ) -> None:
+        self._auth = authenticator
+        self._public = frozenset(public_paths)
+        self._metrics = metrics
+
+    async def Check(self, request: Any, context: Context) -> Any:  # noqa: N802
+        http = request.attributes.request.http
+        if http.path.partition("?")[0] in self._public:
+            self._metrics.ext_authz_answer(200)
+            return public()
+        headers = request_headers(http)
+        try:
+            principal = await self._principal(request, headers)
+        except ServiceError as err:
+            grpc_request = headers.get("content-type", "").startswith("application/grpc")
+            http_status, response = denied(err, grpc_request=grpc_request)
+            self._metrics.ext_authz_answer(http_status)
+            return response
+        self._metrics.ext_authz_answer(200)
+        return allowed(principal)
+
+    async def _principal(self, request: Any, headers: Mapping[str, str]) -> Principal:
+        extensions = request.attributes.context_extensions
+        principal = await self._auth.authenticate(credential_from(headers))
+        model = extensions.get("model") or headers.get(MODEL_HEADER, "")
+        # A model name longer than any real one cannot be allowed; cut it to bound the reply.
+        authorize(principal, required_scopes(extensions), model[:MAX_MODEL_CHARS])
+        return principal

@@ -1,0 +1,66 @@
+"""Prometheus metrics of the auth service: authentications, cache fallbacks, limit decisions."""
+
+from __future__ import annotations
+
+import functools
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter
+
+
+class AuthMetrics:
+    """`llm_auth_*` counters, bound to one registry so tests can use a fresh one."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        registry = registry if registry is not None else REGISTRY
+        self.authentications = Counter(
+            "llm_auth_authentications",
+            "Credential checks, by credential type and outcome (ok or the denial reason).",
+            ["credential_type", "outcome"],
+            registry=registry,
+        )
+        self.cache_fallbacks = Counter(
+            "llm_auth_key_cache_fallbacks",
+            "Key lookups answered while Redis was unreachable: hit = served from the "
+            "in-process cache, miss = failed with UNAVAILABLE.",
+            ["outcome"],
+            registry=registry,
+        )
+        self.limit_decisions = Counter(
+            "llm_auth_rate_limit_decisions",
+            "Rate-limit decisions by limit kind (requests, tokens, concurrency) and result.",
+            ["kind", "result"],
+            registry=registry,
+        )
+        self.limit_failures = Counter(
+            "llm_auth_rate_limit_store_failures",
+            "Rate-limit checks made without Redis, by kind and the configured failure mode.",
+            ["kind", "mode"],
+            registry=registry,
+        )
+        self.ext_authz = Counter(
+            "llm_auth_ext_authz_checks",
+            "Envoy ext_authz answers, by HTTP status (200 allowed, 401, 403, 503).",
+            ["status"],
+            registry=registry,
+        )
+
+    def authenticated(self, credential_type: str, outcome: str) -> None:
+        self.authentications.labels(credential_type, outcome).inc()
+
+    def cache_fallback(self, hit: bool) -> None:
+        self.cache_fallbacks.labels("hit" if hit else "miss").inc()
+
+    def limit_decision(self, kind: str, allowed: bool) -> None:
+        self.limit_decisions.labels(kind, "ok" if allowed else "over_limit").inc()
+
+    def limit_failure(self, kind: str, mode: str) -> None:
+        self.limit_failures.labels(kind, mode).inc()
+
+    def ext_authz_answer(self, status: int) -> None:
+        self.ext_authz.labels(str(status)).inc()
+
+
+@functools.cache
+def default_auth_metrics() -> AuthMetrics:
+    """The process-wide AuthMetrics on the global registry, created on first use."""
+    return AuthMetrics()

@@ -1,0 +1,139 @@
+"""Wiring: Redis, key store, verifiers and limiter behind AuthService, ext_authz and the RLS."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import grpc
+from envoy.service.auth.v3 import external_auth_pb2 as authz_pb
+from envoy.service.auth.v3 import external_auth_pb2_grpc as authz_grpc
+from envoy.service.ratelimit.v3 import rls_pb2
+from envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
+
+from llm_auth.admin import AdminGate
+from llm_auth.authenticator import Authenticator, now_ms
+from llm_auth.bootstrap import ensure_admin_key, ensure_admin_key_with_retry
+from llm_auth.config import Settings
+from llm_auth.extauthz import AuthorizationServicer
+from llm_auth.jwt_verify import JwtVerifier
+from llm_auth.key_admin import KeyAdmin
+from llm_auth.key_events import KeyEventSubscriber
+from llm_auth.keyspace import Keyspace
+from llm_auth.keystore import KeyStore
+from llm_auth.limiter import Limiter
+from llm_auth.metrics import AuthMetrics, default_auth_metrics
+from llm_auth.quotas import Quotas
+from llm_auth.ratelimit_service import RateLimitServicer
+from llm_auth.records import KeyRecord
+from llm_auth.redis_guard import RedisGuard, StoreUnavailable, connect
+from llm_auth.rls import RateLimitPolicy
+from llm_auth.service import AuthServicer
+from llm_auth.ttl_cache import TtlCache
+from llm_common import server as common_server
+from llm_common.resilience import BreakerMetrics
+from llm_common.server import BuiltServer, ServiceSpec
+from llmapi.auth.v1 import auth_service_pb2 as pb
+from llmapi.auth.v1 import auth_service_pb2_grpc as pb_grpc
+
+AUTH_SERVICE = pb.DESCRIPTOR.services_by_name["AuthService"].full_name
+AUTHZ_SERVICE = authz_pb.DESCRIPTOR.services_by_name["Authorization"].full_name
+RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
+SERVICE_NAMES = (AUTH_SERVICE, AUTHZ_SERVICE, RLS_SERVICE)
+
+
+class AuthApp:
+    """The service's parts, built without I/O; `start` and `stop` bracket their use."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        metrics: AuthMetrics | None = None,
+        breaker_metrics: BreakerMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or default_auth_metrics()
+        self.redis = connect(settings.redis)
+        self.guard = RedisGuard(self.redis, settings.redis, breaker_metrics)
+        keyspace = Keyspace(settings.redis.prefix)
+        self.keys = KeyStore(self.guard, keyspace, settings.pepper)
+        cache = TtlCache[str, KeyRecord](settings.key_cache_ttl_s, settings.key_cache_max_entries)
+        jwt = JwtVerifier(settings.jwt, settings.limits) if settings.jwt.enabled else None
+        self.authenticator = Authenticator(
+            self.keys, settings.pepper, cache, self.metrics, jwt, fresh_s=settings.key_fresh_s
+        )
+        self.keys.on_change(self.authenticator.forget)
+        self.key_events = KeyEventSubscriber(
+            self.redis, keyspace.key_events(), self.authenticator.forget, self.authenticator.resync
+        )
+        self.quotas = Quotas(
+            Limiter(self.guard, keyspace),
+            self.authenticator,
+            settings.limits,
+            settings.rate_limit_failure_mode,
+            self.metrics,
+            settings.reservation_ttl_s,
+        )
+        self._bootstrap: asyncio.Task[None] | None = None
+
+    def register(self, server: grpc.aio.Server) -> None:
+        """Adds AuthService, Authorization and RateLimitService to `server`."""
+        s = self.settings
+        gate = AdminGate(self.authenticator, s.admin_tenant)
+        servicer = AuthServicer(self.authenticator, gate, KeyAdmin(self.keys, gate), self.quotas, s)
+        pb_grpc.add_AuthServiceServicer_to_server(servicer, server)
+        authz = AuthorizationServicer(self.authenticator, s.public_paths, self.metrics)
+        authz_grpc.add_AuthorizationServicer_to_server(authz, server)
+        rls = RateLimitServicer(RateLimitPolicy(self.quotas))
+        rls_grpc.add_RateLimitServiceServicer_to_server(rls, server)
+
+    async def start(self) -> None:
+        """Stores the bootstrap admin key. If Redis is down, that is retried in the background:
+        an outage must not keep the service from answering JWTs and cached keys."""
+        self.key_events.start()
+        key = self.settings.bootstrap_admin_key
+        if key is None:
+            return
+        s = self.settings
+        try:
+            await ensure_admin_key(self.keys, s.pepper, key, s.admin_tenant, now_ms())
+        except StoreUnavailable:
+            self._bootstrap = asyncio.create_task(
+                ensure_admin_key_with_retry(self.keys, s.pepper, key, s.admin_tenant, now_ms),
+                name="bootstrap-admin-key",
+            )
+
+    async def wait_bootstrapped(self) -> None:
+        """Returns once the bootstrap key is stored (tests and health gates use it)."""
+        if self._bootstrap is not None:
+            await asyncio.shield(self._bootstrap)
+
+    async def stop(self) -> None:
+        if self._bootstrap is not None and not self._bootstrap.done():
+            self._bootstrap.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._bootstrap
+        await self.key_events.stop()
+        await self.redis.aclose()
+
+    def spec(self) -> ServiceSpec:
+        """The ServiceSpec for llm_common.server."""
+        return ServiceSpec(
+            service_names=SERVICE_NAMES,
+            register=self.register,
+            on_start=self.start,
+            on_stop=self.stop,
+        )
+
+
+async def serve(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[BuiltServer], None] | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT (or `stop`)."""
+    app = AuthApp(settings)
+    await common_server.serve(settings.server, app.spec(), stop=stop, ready=ready)

@@ -1,0 +1,155 @@
+"""AuthServicer: validate, call the domain, build the response (no logic of its own)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from llm_auth import validation
+from llm_auth.admin import AdminGate
+from llm_auth.authenticator import Authenticator
+from llm_auth.config import Settings
+from llm_auth.convert import (
+    api_key_pb,
+    duration_s,
+    limits_from_pb,
+    principal_pb,
+    timestamp_ms,
+)
+from llm_auth.key_admin import KeyAdmin
+from llm_auth.keystore import NewKey
+from llm_auth.principal import authorize
+from llm_auth.quotas import Quotas
+from llmapi.auth.v1 import auth_service_pb2 as pb
+from llmapi.auth.v1 import auth_service_pb2_grpc as pb_grpc
+
+Context = grpc.aio.ServicerContext[Any, Any]
+
+
+class AuthServicer(pb_grpc.AuthServiceServicer):
+    """llmapi.auth.v1.AuthService. Key administration needs an `admin` credential in the call
+    metadata; the other RPCs are for services inside the mesh."""
+
+    def __init__(
+        self,
+        authenticator: Authenticator,
+        gate: AdminGate,
+        admin: KeyAdmin,
+        quotas: Quotas,
+        settings: Settings,
+    ) -> None:
+        self._auth = authenticator
+        self._gate = gate
+        self._admin = admin
+        self._quotas = quotas
+        self._settings = settings
+
+    # Method names are the contract's RPC names, hence the noqa N802.
+    async def Authenticate(  # noqa: N802
+        self, request: pb.AuthenticateRequest, context: Context
+    ) -> pb.AuthenticateResponse:
+        validation.start_authenticate(request).raise_if_any()
+        principal = await self._auth.authenticate(request.credential)
+        authorize(principal, request.required_scopes, request.model)
+        return pb.AuthenticateResponse(principal=principal_pb(principal))
+
+    async def CreateKey(  # noqa: N802
+        self, request: pb.CreateKeyRequest, context: Context
+    ) -> pb.CreateKeyResponse:
+        validation.check_create(request)
+        caller = await self._gate.caller(context)
+        spec = NewKey(
+            tenant_id=request.tenant_id,
+            name=request.name,
+            scopes=tuple(dict.fromkeys(request.scopes)),
+            allowed_models=tuple(dict.fromkeys(request.allowed_models)),
+            limits=limits_from_pb(request.limits),
+            labels=dict(request.labels),
+            ttl_ms=request.ttl.ToMilliseconds(),
+        )
+        record, key = await self._admin.create(caller, spec)
+        return pb.CreateKeyResponse(key=api_key_pb(record), secret=key.text)
+
+    async def ListKeys(  # noqa: N802
+        self, request: pb.ListKeysRequest, context: Context
+    ) -> pb.ListKeysResponse:
+        offset = validation.check_list(request)
+        caller = await self._gate.caller(context)
+        page_size = request.page_size or validation.DEFAULT_PAGE_SIZE
+        page = await self._admin.list(
+            caller, request.tenant_id, offset, page_size, request.include_revoked
+        )
+        token = "" if page.next_offset is None else validation.encode_page_token(page.next_offset)
+        return pb.ListKeysResponse(
+            keys=[api_key_pb(r) for r in page.records], next_page_token=token
+        )
+
+    async def RevokeKey(  # noqa: N802
+        self, request: pb.RevokeKeyRequest, context: Context
+    ) -> pb.RevokeKeyResponse:
+        validation.check_key_ref(request)
+        caller = await self._gate.caller(context)
+        record = await self._admin.revoke(caller, request.key_id)
+        return pb.RevokeKeyResponse(key=api_key_pb(record))
+
+    async def RotateKey(  # noqa: N802
+        self, request: pb.RotateKeyRequest, context: Context
+    ) -> pb.RotateKeyResponse:
+        grace_s = validation.check_rotate(request)
+        caller = await self._gate.caller(context)
+        record, key = await self._admin.rotate(caller, request.key_id, grace_s)
+        return pb.RotateKeyResponse(
+            key=api_key_pb(record),
+            secret=key.text,
+            old_secret_expires_at=timestamp_ms(record.previous_expires_at_ms),
+        )
+
+    async def ReserveTokens(  # noqa: N802
+        self, request: pb.ReserveTokensRequest, context: Context
+    ) -> pb.ReserveTokensResponse:
+        validation.check_reserve(request)
+        grant = await self._quotas.reserve_tokens(
+            request.tenant_id, request.key_id, request.tokens, request.reservation_id
+        )
+        return pb.ReserveTokensResponse(
+            reservation_id=request.reservation_id,
+            remaining=grant.remaining,
+            reset_after=duration_s(grant.reset_after_s),
+            limit=grant.limit,
+            enforced=grant.enforced,
+        )
+
+    async def RefundTokens(  # noqa: N802
+        self, request: pb.RefundTokensRequest, context: Context
+    ) -> pb.RefundTokensResponse:
+        validation.check_refund(request)
+        remaining = await self._quotas.refund_tokens(
+            request.tenant_id, request.key_id, request.reservation_id, request.tokens
+        )
+        return pb.RefundTokensResponse(remaining=remaining)
+
+    async def AcquireConcurrency(  # noqa: N802
+        self, request: pb.AcquireConcurrencyRequest, context: Context
+    ) -> pb.AcquireConcurrencyResponse:
+        s = self._settings
+        ttl_s = validation.check_acquire(request, s.default_lease_ttl_s, s.max_lease_ttl_s)
+        grant = await self._quotas.acquire(
+            request.tenant_id, request.key_id, request.lease_id, ttl_s
+        )
+        response = pb.AcquireConcurrencyResponse(
+            lease_id=request.lease_id,
+            in_use=grant.in_use,
+            limit=grant.limit,
+            enforced=grant.enforced,
+        )
+        if grant.expires_at_ms:
+            response.expires_at.CopyFrom(timestamp_ms(grant.expires_at_ms))
+        return response
+
+    async def ReleaseConcurrency(  # noqa: N802
+        self, request: pb.ReleaseConcurrencyRequest, context: Context
+    ) -> pb.ReleaseConcurrencyResponse:
+        validation.check_release(request)
+        released = await self._quotas.release(request.tenant_id, request.key_id, request.lease_id)
+        return pb.ReleaseConcurrencyResponse(released=released)

@@ -1,0 +1,98 @@
+"""ext_authz building blocks: credential extraction and the Check responses."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+from envoy.service.auth.v3 import attribute_context_pb2
+
+from llm_auth.extauthz import (
+    allowed,
+    credential_from,
+    denied,
+    public,
+    request_headers,
+    required_scopes,
+)
+from llm_auth.principal import CredentialType, Principal
+from llm_common.errors import PermissionDenied, Unauthenticated, Unavailable
+
+KEY = "sk-0123456789abcdef." + "a" * 43
+
+
+def test_credential_from_either_header() -> None:
+    assert credential_from({"x-api-key": KEY}) == KEY
+    assert credential_from({"authorization": f"Bearer {KEY}"}) == KEY
+    assert credential_from({"authorization": f"bearer  {KEY} "}) == KEY
+    assert credential_from({"authorization": f"Bearer {KEY}", "x-api-key": KEY}) == KEY
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({}, "CREDENTIAL_MISSING"),
+        ({"x-api-key": "  "}, "CREDENTIAL_MISSING"),
+        ({"authorization": "Basic abc"}, "CREDENTIAL_MALFORMED"),
+        ({"authorization": "Bearer "}, "CREDENTIAL_MALFORMED"),
+        ({"authorization": "Bearer a", "x-api-key": "b"}, "CREDENTIAL_AMBIGUOUS"),
+    ],
+)
+def test_credential_problems(headers: dict[str, str], reason: str) -> None:
+    with pytest.raises(Unauthenticated) as caught:
+        credential_from(headers)
+    assert caught.value.reason == reason
+
+
+def test_headers_from_raw_header_map() -> None:
+    http = attribute_context_pb2.AttributeContext.HttpRequest()
+    http.header_map.headers.add(key="X-Api-Key", raw_value=KEY.encode())
+    assert request_headers(http) == {"x-api-key": KEY}
+
+
+def test_required_scopes_accept_spaces_and_commas() -> None:
+    assert required_scopes({"required_scopes": "a:b, c:d e"}) == ["a:b", "c:d", "e"]
+    assert required_scopes({}) == []
+
+
+def test_allowed_sets_identity_and_removes_credentials() -> None:
+    p = Principal("acme", "0123456789abcdef", CredentialType.API_KEY, scopes=("a", "b"))
+    response = allowed(p)
+    assert response.status.code == 0
+    headers = {h.header.key: h.header.value for h in response.ok_response.headers}
+    assert headers == {
+        "x-tenant-id": "acme",
+        "x-key-id": "0123456789abcdef",
+        "x-scopes": "a,b",
+        "x-credential-type": "api_key",
+    }
+    removed = set(response.ok_response.headers_to_remove)
+    assert {"authorization", "x-api-key", "x-allowed-models"} <= removed
+    assert response.dynamic_metadata["tenant"] == "acme"
+
+
+def test_public_removes_identity_headers() -> None:
+    response = public()
+    assert response.status.code == 0
+    assert "x-tenant-id" in response.ok_response.headers_to_remove
+
+
+def test_denials_map_to_http_statuses_with_readable_bodies() -> None:
+    status, response = denied(
+        Unauthenticated("bad key", reason="API_KEY_INVALID"), grpc_request=False
+    )
+    assert status == 401
+    assert response.status.code == grpc.StatusCode.UNAUTHENTICATED.value[0]
+    body = json.loads(response.denied_response.body)
+    assert body["error"]["reason"] == "API_KEY_INVALID"
+    headers = {h.header.key: h.header.value for h in response.denied_response.headers}
+    assert headers["www-authenticate"].startswith("Bearer")
+
+    status, response = denied(PermissionDenied("no", reason="SCOPE_MISSING"), grpc_request=True)
+    assert status == 403
+    assert response.denied_response.body == "no (SCOPE_MISSING)"
+
+    status, response = denied(Unavailable("down", retry_after_s=1.2), grpc_request=False)
+    headers = {h.header.key: h.header.value for h in response.denied_response.headers}
+    assert (status, headers["retry-after"]) == (503, "2")
