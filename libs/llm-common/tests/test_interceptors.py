@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -143,3 +143,46 @@ async def test_access_log_and_metrics(hops: Hops, json_logs: LogCapture) -> None
     assert [line["level"] for line in lines] == ["info", "warning"]
     assert all(line["duration_ms"] >= 0 and line["peer"] for line in lines)
     assert all(len(line["request_id"]) == 32 for line in lines)
+
+
+QUIET = "test.v1.Quiet"
+
+
+async def echo(request: bytes, context: Context) -> bytes:
+    return request
+
+
+class DenyOddCalls(grpc.aio.ServerInterceptor):
+    """An inner interceptor that picks a handler per call, from the call's metadata."""
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = await continuation(details)
+        if ("deny", "1") not in tuple(details.invocation_metadata or ()):
+            return handler
+
+        async def deny(request: bytes, context: Context) -> bytes:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, "denied")
+            raise AssertionError("unreachable")
+
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+async def test_quiet_methods_log_at_debug_and_inner_handlers_are_not_cached(
+    registry: CollectorRegistry, json_logs: LogCapture
+) -> None:
+    base = bytes_service(QUIET, unary={"Echo": echo, "Loud": echo})
+    spec = replace(base, quiet_methods=frozenset({f"/{QUIET}/Echo"}), interceptors=[DenyOddCalls()])
+    async with running_server(spec, metrics=RpcMetrics(registry)) as server:
+        echo_call = bytes_unary(server.channel, f"/{QUIET}/Echo")
+        assert await echo_call(b"a") == b"a"
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await echo_call(b"b", metadata=(("deny", "1"),))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert await echo_call(b"c") == b"c"  # the cached wrapper still serves the real handler
+        assert await bytes_unary(server.channel, f"/{QUIET}/Loud")(b"d") == b"d"
+    levels = {(line["method"], line["code"], line["level"]) for line in json_logs.events("rpc")}
+    assert (f"/{QUIET}/Echo", "OK", "debug") in levels
+    assert (f"/{QUIET}/Echo", "PERMISSION_DENIED", "debug") in levels
+    assert (f"/{QUIET}/Loud", "OK", "info") in levels
+    sample = registry.get_sample_value
+    assert sample("llm_rpc_requests_total", {"service": QUIET, "method": "Echo", "code": "OK"}) == 2

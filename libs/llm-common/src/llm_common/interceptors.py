@@ -1,4 +1,8 @@
-"""grpc.aio server interceptors: request id, deadline, access log + metrics, error mapping."""
+"""The grpc.aio server interceptor: request id, deadline, access log + metrics, error mapping.
+
+One interceptor does all four jobs with one wrapper per method, reused while the method's handler
+stays the same: stacking an interceptor per job re-wrapped every handler on every call.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,8 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import AbstractAsyncContextManager, aclosing, asynccontextmanager
+from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -29,7 +34,6 @@ _SERVER_FAULTS = frozenset({"UNKNOWN", "INTERNAL", "DATA_LOSS", "UNIMPLEMENTED"}
 QUIET_SERVICES = frozenset({health.SERVICE_NAME, reflection.SERVICE_NAME})
 
 Context = grpc.aio.ServicerContext[Any, Any]
-Scope = Callable[[Context], AbstractAsyncContextManager[None]]
 _log = get_logger(__name__)
 
 
@@ -51,28 +55,110 @@ def request_id_from(metadata: Iterable[tuple[str, Any]] | None) -> str:
     return new_request_id()
 
 
-def _wrap_coroutine(behavior: Any, scope: Scope) -> Any:
+@dataclass(frozen=True, slots=True)
+class _Method:
+    """What the per-call bookkeeping needs to know about one method, computed once."""
+
+    full_name: str
+    service: str
+    name: str
+    quiet: bool
+    metrics: RpcMetrics
+
+
+class _Call:
+    """Bookkeeping of one RPC: context variables in, metrics and the access log line out."""
+
+    __slots__ = ("_deadline_token", "_id_token", "_method", "_start")
+
+    def __init__(self, method: _Method, context: Context) -> None:
+        self._method = method
+        self._id_token = request_id_var.set(request_id_from(context.invocation_metadata()))
+        self._deadline_token = deadline_var.set(deadline_after(context.time_remaining()))
+        method.metrics.started(method.service, method.name)
+        self._start = time.perf_counter()
+
+    async def fail(self, context: Context, error: Exception) -> None:
+        """Turn a handler's exception into its status; the client never sees internals."""
+        if isinstance(error, grpc.aio.AbortError):  # the handler already chose its status
+            raise error
+        if isinstance(error, ServiceError):
+            await context.abort_with_status(error.to_status())
+        _log.exception("unhandled error in RPC handler", method=self._method.full_name)
+        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+
+    def end(self, context: Context, error: BaseException | None) -> None:
+        method = self._method
+        duration = time.perf_counter() - self._start
+        code = _final_code(context, error)
+        method.metrics.finished(method.service, method.name, code, duration)
+        _access_log(method, code, duration, context)
+        deadline_var.reset(self._deadline_token)
+        request_id_var.reset(self._id_token)
+
+
+def _final_code(context: Context, error: BaseException | None) -> str:
+    if isinstance(error, asyncio.CancelledError | GeneratorExit):
+        return "CANCELLED"
+    code = context.code()
+    if code is not None:
+        return str(code.name)
+    return "UNKNOWN" if error is not None else "OK"
+
+
+def _access_log(method: _Method, code: str, duration: float, context: Context) -> None:
+    fields = {"method": method.full_name, "code": code, "duration_ms": round(duration * 1e3, 3)}
+    if method.quiet:
+        _log.debug("rpc", **fields)
+    elif code in _SERVER_FAULTS:
+        _log.warning("rpc", peer=context.peer(), **fields)
+    else:
+        _log.info("rpc", peer=context.peer(), **fields)
+
+
+def _wrap_coroutine(behavior: Any, method: _Method) -> Any:
     async def call(request: Any, context: Context) -> Any:
-        async with scope(context):
+        rpc = _Call(method, context)
+        error: BaseException | None = None
+        try:
             return await behavior(request, context)
+        except Exception as exc:
+            error = exc
+            await rpc.fail(context, exc)
+        except BaseException as exc:  # cancellation: recorded, not mapped
+            error = exc
+            raise
+        finally:
+            rpc.end(context, error)
 
     return call
 
 
-def _wrap_async_gen(behavior: Any, scope: Scope) -> Any:
+def _wrap_async_gen(behavior: Any, method: _Method) -> Any:
     async def stream(request: Any, context: Context) -> AsyncIterator[Any]:
-        async with scope(context), aclosing(behavior(request, context)) as responses:
-            async for response in responses:
-                yield response
+        rpc = _Call(method, context)
+        error: BaseException | None = None
+        try:
+            async with aclosing(behavior(request, context)) as responses:
+                async for response in responses:
+                    yield response
+        except Exception as exc:
+            error = exc
+            await rpc.fail(context, exc)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            rpc.end(context, error)
 
     return stream
 
 
-def _wrap(behavior: Any, scope: Scope) -> Any:
+def _wrap(behavior: Any, method: _Method) -> Any:
     if inspect.isasyncgenfunction(behavior):
-        return _wrap_async_gen(behavior, scope)
+        return _wrap_async_gen(behavior, method)
     if inspect.iscoroutinefunction(behavior):  # unary, or a stream using context.write()
-        return _wrap_coroutine(behavior, scope)
+        return _wrap_coroutine(behavior, method)
     return behavior  # sync handlers run on grpc's migration thread pool; left alone
 
 
@@ -85,23 +171,36 @@ _FACTORIES = (
 
 
 def wrap_handler(
-    handler: grpc.RpcMethodHandler[Any, Any], scope: Scope
+    handler: grpc.RpcMethodHandler[Any, Any], wrap: Callable[[Any], Any]
 ) -> grpc.RpcMethodHandler[Any, Any]:
-    """A copy of `handler` whose async behaviour runs inside `scope(context)`, keeping its
+    """A copy of `handler` with its behaviour replaced by `wrap(behaviour)`, keeping its
     request deserializer and response serializer."""
     for kind, factory in _FACTORIES:
         behavior = getattr(handler, kind)
         if behavior is not None:
             return factory(
-                _wrap(behavior, scope),
-                handler.request_deserializer,
-                handler.response_serializer,
+                wrap(behavior), handler.request_deserializer, handler.response_serializer
             )
     return handler
 
 
-class ScopedInterceptor(grpc.aio.ServerInterceptor):
-    """Base for interceptors that run each RPC's behaviour inside an async context manager."""
+class CallInterceptor(grpc.aio.ServerInterceptor):
+    """Request id and deadline context variables, `llm_rpc_*` metrics, one access log line per
+    RPC (no payloads, no metadata), and errors mapped to rich statuses.
+
+    ServiceError becomes its google.rpc status; anything unexpected becomes a generic INTERNAL
+    whose cause is logged with its traceback, never sent to the client. `quiet_methods` (full
+    names) log at DEBUG, for hot paths such as Envoy's ext_authz checks.
+    """
+
+    def __init__(
+        self, metrics: RpcMetrics | None = None, quiet_methods: Iterable[str] = ()
+    ) -> None:
+        self._metrics = metrics
+        self._quiet = frozenset(quiet_methods)
+        # method -> (handler seen, its wrapper); an inner interceptor that builds a handler per
+        # call simply misses, so the cache never serves a stale or foreign handler.
+        self._handlers: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
 
     async def intercept_service(
         self,
@@ -111,108 +210,17 @@ class ScopedInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return None
+        name = handler_call_details.method
+        cached = self._handlers.get(name)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        method = self._describe(name)
+        wrapped = wrap_handler(handler, lambda behavior: _wrap(behavior, method))
+        self._handlers[name] = (handler, wrapped)
+        return wrapped
 
-        def scope(context: Context) -> AbstractAsyncContextManager[None]:
-            return self.scope(handler_call_details, context)
-
-        return wrap_handler(handler, scope)
-
-    def scope(
-        self, details: grpc.HandlerCallDetails, context: Context
-    ) -> AbstractAsyncContextManager[None]:
-        raise NotImplementedError
-
-
-class RequestIdInterceptor(ScopedInterceptor):
-    """Puts the caller's `x-request-id` (or a new one) in `request_id_var` for the RPC."""
-
-    @asynccontextmanager
-    async def scope(
-        self, details: grpc.HandlerCallDetails, context: Context
-    ) -> AsyncIterator[None]:
-        token = request_id_var.set(request_id_from(details.invocation_metadata))
-        try:
-            yield
-        finally:
-            request_id_var.reset(token)
-
-
-class DeadlineInterceptor(ScopedInterceptor):
-    """Records the RPC's absolute deadline in `deadline_var` so outgoing calls can respect it."""
-
-    @asynccontextmanager
-    async def scope(
-        self, details: grpc.HandlerCallDetails, context: Context
-    ) -> AsyncIterator[None]:
-        token = deadline_var.set(deadline_after(context.time_remaining()))
-        try:
-            yield
-        finally:
-            deadline_var.reset(token)
-
-
-def _final_code(context: Context, error: BaseException | None) -> str:
-    if isinstance(error, asyncio.CancelledError | GeneratorExit):
-        return "CANCELLED"
-    code = context.code()
-    if code is not None:
-        return str(code.name)
-    return "UNKNOWN" if error is not None else "OK"
-
-
-class AccessLogInterceptor(ScopedInterceptor):
-    """One structured log line and the `llm_rpc_*` metrics per RPC (no payloads, no metadata)."""
-
-    def __init__(self, metrics: RpcMetrics | None = None) -> None:
-        self._metrics = metrics
-
-    @asynccontextmanager
-    async def scope(
-        self, details: grpc.HandlerCallDetails, context: Context
-    ) -> AsyncIterator[None]:
+    def _describe(self, full_name: str) -> _Method:
+        service, name = split_method(full_name)
+        quiet = service in QUIET_SERVICES or full_name in self._quiet
         metrics = self._metrics or default_rpc_metrics()
-        service, method = split_method(details.method)
-        metrics.started(service, method)
-        start, error = time.perf_counter(), None
-        try:
-            yield
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            duration = time.perf_counter() - start
-            code = _final_code(context, error)
-            metrics.finished(service, method, code, duration)
-            self._log(details.method, service, code, duration, context)
-
-    @staticmethod
-    def _log(full_method: str, service: str, code: str, duration: float, context: Context) -> None:
-        fields = {"method": full_method, "code": code, "duration_ms": round(duration * 1e3, 3)}
-        if service in QUIET_SERVICES:
-            _log.debug("rpc", **fields)
-        elif code in _SERVER_FAULTS:
-            _log.warning("rpc", peer=context.peer(), **fields)
-        else:
-            _log.info("rpc", peer=context.peer(), **fields)
-
-
-class ErrorInterceptor(ScopedInterceptor):
-    """Maps ServiceError to its rich status; anything unexpected becomes a generic INTERNAL.
-
-    The exception text never reaches the client (it may hold internals or user data); it is
-    logged with its traceback instead. Cancellation passes through untouched.
-    """
-
-    @asynccontextmanager
-    async def scope(
-        self, details: grpc.HandlerCallDetails, context: Context
-    ) -> AsyncIterator[None]:
-        try:
-            yield
-        except grpc.aio.AbortError:  # the handler already aborted with its own status
-            raise
-        except ServiceError as err:
-            await context.abort_with_status(err.to_status())
-        except Exception:
-            _log.exception("unhandled error in RPC handler", method=details.method)
-            await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
+        return _Method(full_name, service, name, quiet, metrics)

@@ -15,12 +15,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from llm_common.config import ServerSettings
-from llm_common.interceptors import (
-    AccessLogInterceptor,
-    DeadlineInterceptor,
-    ErrorInterceptor,
-    RequestIdInterceptor,
-)
+from llm_common.interceptors import CallInterceptor
 from llm_common.logging import get_logger
 from llm_common.metrics import RpcMetrics, serve_metrics
 from llm_common.tracing import configure_tracing, server_tracing_interceptor
@@ -40,6 +35,8 @@ class ServiceSpec:
     on_start: Hook | None = None  # open downstream channels / Redis; health waits for it
     on_stop: Hook | None = None  # close them, after the server has drained
     interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default=())  # run innermost
+    # Full method names whose access log line is DEBUG (hot paths such as ext_authz Check).
+    quiet_methods: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,15 +60,14 @@ def server_options(settings: ServerSettings) -> list[tuple[str, Any]]:
 
 
 def default_interceptors(
-    metrics: RpcMetrics | None = None, tracer_provider: trace.TracerProvider | None = None
+    metrics: RpcMetrics | None = None,
+    tracer_provider: trace.TracerProvider | None = None,
+    quiet_methods: frozenset[str] = frozenset(),
 ) -> list[grpc.aio.ServerInterceptor]:
-    """Outermost first: span, request id, deadline, access log + metrics, error mapping."""
+    """Outermost first: the span, then request id, deadline, access log, metrics, errors."""
     return [
         server_tracing_interceptor(tracer_provider),
-        RequestIdInterceptor(),
-        DeadlineInterceptor(),
-        AccessLogInterceptor(metrics),
-        ErrorInterceptor(),
+        CallInterceptor(metrics, quiet_methods),
     ]
 
 
@@ -88,7 +84,10 @@ def build_server(
     `metrics` and `tracer_provider` default to the process-wide ones.
     """
     server = grpc.aio.server(
-        interceptors=[*default_interceptors(metrics, tracer_provider), *spec.interceptors],
+        interceptors=[
+            *default_interceptors(metrics, tracer_provider, spec.quiet_methods),
+            *spec.interceptors,
+        ],
         options=server_options(settings),
     )
     spec.register(server)

@@ -41,6 +41,8 @@ AUTH_SERVICE = pb.DESCRIPTOR.services_by_name["AuthService"].full_name
 AUTHZ_SERVICE = authz_pb.DESCRIPTOR.services_by_name["Authorization"].full_name
 RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
 SERVICE_NAMES = (AUTH_SERVICE, AUTHZ_SERVICE, RLS_SERVICE)
+# Envoy asks these on every edge request; Envoy's own access log already records each one.
+QUIET_METHODS = frozenset({f"/{AUTHZ_SERVICE}/Check", f"/{RLS_SERVICE}/ShouldRateLimit"})
 
 
 class AuthApp:
@@ -125,6 +127,7 @@ class AuthApp:
             register=self.register,
             on_start=self.start,
             on_stop=self.stop,
+            quiet_methods=QUIET_METHODS,
         )
 
 
