@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -18,7 +19,13 @@ from llm_common.channels import make_channel
 from llm_common.interceptors import REQUEST_ID_HEADER, request_id_from
 from llm_common.logging import current_request_id, get_logger
 from llm_common.metrics import RpcMetrics
-from llm_common.testing import LogCapture, bytes_service, bytes_unary, running_server
+from llm_common.testing import (
+    LogCapture,
+    bytes_service,
+    bytes_stream,
+    bytes_unary,
+    running_server,
+)
 
 INNER, OUTER = "test.v1.Inner", "test.v1.Outer"
 Context = grpc.aio.ServicerContext[bytes, bytes]
@@ -146,6 +153,7 @@ async def test_access_log_and_metrics(hops: Hops, json_logs: LogCapture) -> None
 
 
 QUIET = "test.v1.Quiet"
+CANCELLED_STREAMS = 1000
 
 
 async def echo(request: bytes, context: Context) -> bytes:
@@ -186,3 +194,30 @@ async def test_quiet_methods_log_at_debug_and_inner_handlers_are_not_cached(
     assert (f"/{QUIET}/Loud", "OK", "info") in levels
     sample = registry.get_sample_value
     assert sample("llm_rpc_requests_total", {"service": QUIET, "method": "Echo", "code": "OK"}) == 2
+
+
+async def endless(request: bytes, context: Context) -> AsyncIterator[bytes]:
+    while True:
+        yield b"tick"
+        await asyncio.sleep(0)
+
+
+async def test_cancelled_streams_are_logged_without_crashing(
+    registry: CollectorRegistry, json_logs: LogCapture
+) -> None:
+    """Regression: reading the peer of a cancelled stream at the end crashed the process."""
+    spec = bytes_service("test.v1.Stream", server_streaming={"Ticks": endless})
+    async with running_server(spec, metrics=RpcMetrics(registry)) as server:
+        ticks = bytes_stream(server.channel, "/test.v1.Stream/Ticks")
+        for _ in range(CANCELLED_STREAMS):
+            call = ticks(b"")
+            async for _tick in call:
+                break
+            call.cancel()
+        call = ticks(b"")
+        assert await call.read() == b"tick"  # the server is still alive and serving
+        call.cancel()
+    await asyncio.sleep(0.1)  # let the server record the last cancellations
+    codes = [line["code"] for line in json_logs.events("rpc")]
+    assert codes.count("CANCELLED") >= CANCELLED_STREAMS // 2
+    assert all(line["peer"] for line in json_logs.events("rpc"))

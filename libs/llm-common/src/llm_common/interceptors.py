@@ -69,10 +69,12 @@ class _Method:
 class _Call:
     """Bookkeeping of one RPC: context variables in, metrics and the access log line out."""
 
-    __slots__ = ("_deadline_token", "_id_token", "_method", "_start")
+    __slots__ = ("_deadline_token", "_id_token", "_method", "_peer", "_start")
 
     def __init__(self, method: _Method, context: Context) -> None:
         self._method = method
+        # Read now: grpc crashes the process when peer() is called on a cancelled stream.
+        self._peer = "" if method.quiet else context.peer()
         self._id_token = request_id_var.set(request_id_from(context.invocation_metadata()))
         self._deadline_token = deadline_var.set(deadline_after(context.time_remaining()))
         method.metrics.started(method.service, method.name)
@@ -92,7 +94,7 @@ class _Call:
         duration = time.perf_counter() - self._start
         code = _final_code(context, error)
         method.metrics.finished(method.service, method.name, code, duration)
-        _access_log(method, code, duration, context)
+        _access_log(method, code, duration, self._peer)
         deadline_var.reset(self._deadline_token)
         request_id_var.reset(self._id_token)
 
@@ -106,14 +108,14 @@ def _final_code(context: Context, error: BaseException | None) -> str:
     return "UNKNOWN" if error is not None else "OK"
 
 
-def _access_log(method: _Method, code: str, duration: float, context: Context) -> None:
+def _access_log(method: _Method, code: str, duration: float, peer: str) -> None:
     fields = {"method": method.full_name, "code": code, "duration_ms": round(duration * 1e3, 3)}
     if method.quiet:
         _log.debug("rpc", **fields)
     elif code in _SERVER_FAULTS:
-        _log.warning("rpc", peer=context.peer(), **fields)
+        _log.warning("rpc", peer=peer, **fields)
     else:
-        _log.info("rpc", peer=context.peer(), **fields)
+        _log.info("rpc", peer=peer, **fields)
 
 
 def _wrap_coroutine(behavior: Any, method: _Method) -> Any:
