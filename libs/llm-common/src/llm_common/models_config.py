@@ -108,7 +108,7 @@ def _parse_model(entry: Any, model_root: Path) -> ModelSpec:
         tier=str(entry.get("tier", "default")),
         deployments=tuple(_parse_deployment(d, name) for d in entry.get("deployments") or ()),
     )
-    if spec.default_max_tokens >= spec.context_length:
+    if spec.kind == "generation" and spec.default_max_tokens >= spec.context_length:
         raise ConfigError(f"MODELS_CONFIG: model {name}: default_max_tokens >= context_length")
     return spec
 
