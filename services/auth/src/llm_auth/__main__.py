@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sys
 
-from llm_common.config import ConfigError
-from llm_common.logging import configure_logging
+from llm_auth.config import Settings
+from llm_common.cli import serve_service
 
-EXIT_CONFIG_ERROR = 2
+
+async def _start(settings: Settings) -> None:
+    # Imported after logging is configured, so errors while importing are logged as JSON.
+    from llm_auth.server import serve
+
+    await serve(settings)
 
 
 def main() -> None:
@@ -18,20 +22,7 @@ def main() -> None:
         from llm_auth.cli import main as cli_main
 
         sys.exit(cli_main(sys.argv[1:], os.environ))
-    try:
-        from llm_auth.config import Settings
-
-        settings = Settings.from_env(os.environ)
-        configure_logging(settings.server.service_name, settings.server.log_level)
-        # Imported after logging is configured, so errors while importing are logged as JSON.
-        from llm_auth.server import serve
-
-        asyncio.run(serve(settings))
-    except ConfigError as exc:
-        print(f"llm-auth: configuration error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_CONFIG_ERROR)
-    except KeyboardInterrupt:
-        pass  # SIGINT before the signal handlers were installed
+    serve_service("llm-auth", Settings.from_env, _start)
 
 
 if __name__ == "__main__":
