@@ -1,0 +1,1 @@
+"""The inference service: continuous-batching generation and sentence embeddings over gRPC."""

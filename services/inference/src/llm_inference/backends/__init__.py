@@ -1,0 +1,1 @@
+"""Generation backends behind engine.api.GenerationBackend: torch (default) and tensorrt_llm."""

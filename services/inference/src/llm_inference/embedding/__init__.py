@@ -1,0 +1,1 @@
+"""Sentence embeddings for embedding deployments: a BERT encoder with mean pooling."""

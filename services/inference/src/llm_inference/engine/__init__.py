@@ -1,0 +1,1 @@
+"""Continuous-batching PyTorch inference engine with a paged KV cache and prefix caching."""

@@ -1,0 +1,59 @@
+"""EngineConfig: the knobs of one engine instance (dtype, device, KV budget, batching limits)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from llm_common.config import ConfigError
+
+Dtype = Literal["float32", "bfloat16", "float16"]
+Device = Literal["cpu", "cuda"]
+Quantization = Literal["none", "int8"]
+
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+DEVICES: tuple[str, ...] = ("cpu", "cuda")
+QUANTIZATIONS: tuple[str, ...] = ("none", "int8")
+GIB = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine settings; validated on construction (ConfigError names the offending field)."""
+
+    dtype: Dtype = "float32"
+    device: Device = "cpu"
+    kv_block_size: int = 16
+    kv_cache_memory_bytes: int = GIB  # memory budget for the paged KV cache -> number of blocks
+    max_num_seqs: int = 64
+    max_batched_tokens: int = 2048  # per-step token budget (prefill chunks + decodes)
+    enable_prefix_caching: bool = True
+    quantization: Quantization = "none"
+    max_context: int | None = None  # None: the checkpoint's max_position_embeddings
+    seed: int = 0  # default RNG for requests without their own seed
+    num_threads: int | None = None  # torch intra-op threads on CPU; None leaves torch's default
+
+    def __post_init__(self) -> None:
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        _check_positive("kv_block_size", self.kv_block_size)
+        _check_positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
+        _check_positive("max_num_seqs", self.max_num_seqs)
+        _check_positive("max_batched_tokens", self.max_batched_tokens)
+        if self.max_context is not None:
+            _check_positive("max_context", self.max_context)
+        if self.num_threads is not None:
+            _check_positive("num_threads", self.num_threads)
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(
+            f"{name}: must be one of {', '.join(choices)}, got {value!r}", variable=name
+        )
+
+
+def _check_positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ConfigError(f"{name}: must be > 0, got {value}", variable=name)

@@ -1,0 +1,169 @@
+"""ModelRunner: a step's scheduled chunks -> flat tensors -> model forward -> logits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .attention import AttentionMetadata, DecodeGroup, PrefillSpan
+from .kv_cache import allocate_kv_cache
+from .models.llama import LlamaModel
+from .scheduler import ScheduledChunk
+
+# Decode rows are gathered in groups of similar context length so that padding stays small;
+# a new group starts when a row's context is under this fraction of the group's longest.
+GROUP_SPLIT_RATIO = 0.6
+MIN_GROUP_SIZE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    """Logits [rows, vocab] (float32) for the chunks that sample, in the same order."""
+
+    logits: torch.Tensor
+    sampled: tuple[ScheduledChunk, ...]
+
+
+class ModelRunner:
+    """Owns the model and its KV cache; executes one step at a time."""
+
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+        self.model = model
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = model.embed_tokens.device
+        config = model.config
+        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, model.dtype, self.device)
+        self._kv_heads = np.arange(config.num_kv_heads, dtype=np.int64)
+        self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @torch.inference_mode()
+    def execute(self, chunks: Seq[ScheduledChunk]) -> StepOutput:
+        singles = sorted(
+            (c for c in chunks if c.num_tokens == 1), key=lambda c: c.start, reverse=True
+        )
+        multis = [c for c in chunks if c.num_tokens > 1]
+        ordered = [*singles, *multis]
+        input_ids, positions, write_index = self._flatten(ordered)
+        groups = self._decode_groups(singles)
+        prefills = self._prefill_spans(multis, start=len(singles))
+        gathered = [g.gather_index.shape[0] for g in groups] + [
+            p.gather_index.shape[0] for p in prefills if p.gather_index is not None
+        ]
+        meta = AttentionMetadata(
+            write_index=self._tensor(write_index),
+            decode_groups=groups,
+            prefills=prefills,
+            workspace=self._workspace_for(max(gathered, default=0)),
+        )
+        hidden = self.model(self._tensor(input_ids), self._tensor(positions), self.kv_caches, meta)
+        rows: list[int] = []
+        sampled: list[ScheduledChunk] = []
+        offset = 0
+        for chunk in ordered:
+            offset += chunk.num_tokens
+            if chunk.samples:
+                rows.append(offset - 1)
+                sampled.append(chunk)
+        if not rows:
+            empty = torch.empty(0, self.model.config.vocab_size, device=self.device)
+            return StepOutput(empty, ())
+        logits = self.model.compute_logits(hidden[self._tensor(rows)])
+        return StepOutput(logits, tuple(sampled))
+
+    def _workspace_for(self, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Gather buffers with room for `rows` block rows, grown (never shrunk) on demand."""
+        if rows == 0:
+            return self._workspace
+        if self._workspace is None or self._workspace[0].shape[0] < rows:
+            # Headroom so a slowly growing batch does not reallocate every step.
+            capacity = rows + rows // 4
+            shape = (capacity, self.block_size, self.model.config.head_dim)
+            dtype = self.model.dtype
+            self._workspace = (
+                torch.empty(shape, dtype=dtype, device=self.device),
+                torch.empty(shape, dtype=dtype, device=self.device),
+            )
+        return self._workspace
+
+    def _tensor(self, values: Seq[int] | np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(values, dtype=np.int64), device=self.device)
+
+    def _block_rows(self, tables: np.ndarray, heads: np.ndarray) -> np.ndarray:
+        """Flat cache-row indices [..., heads, blocks] of `tables` [..., blocks] for KV `heads`."""
+        kv_heads = len(self._kv_heads)
+        rows: np.ndarray = tables[..., None, :] * kv_heads + heads[:, None]
+        return rows
+
+    def _flatten(self, chunks: Seq[ScheduledChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        size = self.block_size
+        input_ids: list[int] = []
+        positions: list[np.ndarray] = []
+        blocks: list[np.ndarray] = []
+        for chunk in chunks:
+            input_ids.extend(chunk.seq.token_ids[chunk.start : chunk.end])
+            pos = np.arange(chunk.start, chunk.end, dtype=np.int64)
+            positions.append(pos)
+            blocks.append(np.asarray(chunk.seq.block_table, dtype=np.int64)[pos // size])
+        flat_positions = np.concatenate(positions)
+        flat_blocks = np.concatenate(blocks)
+        offsets = flat_positions % size
+        kv_heads = len(self._kv_heads)
+        rows = flat_blocks[:, None] * kv_heads + self._kv_heads[None, :]
+        write_index = (rows * size + offsets[:, None]).reshape(-1)
+        return np.asarray(input_ids, dtype=np.int64), flat_positions, write_index
+
+    def _decode_groups(self, singles: Seq[ScheduledChunk]) -> tuple[DecodeGroup, ...]:
+        """Groups of decode rows (sorted longest context first) with padded tables and masks."""
+        groups: list[DecodeGroup] = []
+        start = 0
+        while start < len(singles):
+            longest = singles[start].end
+            stop = start + 1
+            while stop < len(singles) and (
+                stop - start < MIN_GROUP_SIZE or singles[stop].end >= GROUP_SPLIT_RATIO * longest
+            ):
+                stop += 1
+            groups.append(self._decode_group(singles[start:stop], start))
+            start = stop
+        return tuple(groups)
+
+    def _decode_group(self, rows: Seq[ScheduledChunk], start: int) -> DecodeGroup:
+        size = self.block_size
+        context = np.array([c.end for c in rows], dtype=np.int64)
+        max_blocks = -(-int(context.max()) // size)
+        tables = np.zeros((len(rows), max_blocks), dtype=np.int64)
+        for i, chunk in enumerate(rows):
+            used = -(-chunk.end // size)
+            tables[i, :used] = chunk.seq.block_table[:used]
+        index = self._block_rows(tables, self._kv_heads).reshape(-1)
+        keys = torch.arange(max_blocks * size, device=self.device)
+        valid = keys[None, :] < self._tensor(context)[:, None]
+        mask = self._additive(valid).view(len(rows), 1, 1, -1)
+        return DecodeGroup(start, len(rows), self._tensor(index), mask)
+
+    def _prefill_spans(self, multis: Seq[ScheduledChunk], start: int) -> tuple[PrefillSpan, ...]:
+        spans: list[PrefillSpan] = []
+        for chunk in multis:
+            if chunk.start == 0:
+                spans.append(PrefillSpan(start, chunk.num_tokens, chunk.end, None, None))
+            else:
+                used = -(-chunk.end // self.block_size)
+                table = np.asarray(chunk.seq.block_table[:used], dtype=np.int64)
+                index = self._block_rows(table, self._kv_heads).reshape(-1)
+                keys = torch.arange(chunk.end, device=self.device)
+                queries = torch.arange(chunk.start, chunk.end, device=self.device)
+                mask = self._additive(keys[None, :] <= queries[:, None])
+                spans.append(
+                    PrefillSpan(start, chunk.num_tokens, chunk.end, self._tensor(index), mask)
+                )
+            start += chunk.num_tokens
+        return tuple(spans)
+
+    def _additive(self, valid: torch.Tensor) -> torch.Tensor:
+        zero = torch.zeros((), dtype=self.model.dtype, device=self.device)
+        neg = torch.full((), float("-inf"), dtype=self.model.dtype, device=self.device)
+        return torch.where(valid, zero, neg)

@@ -1,0 +1,1 @@
+"""Decoder model definitions (the Llama family) and their configuration."""

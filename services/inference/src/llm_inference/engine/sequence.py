@@ -1,0 +1,68 @@
+"""Sequence: the scheduler's view of one request (tokens, progress, KV blocks, priority)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from .api import FinishReason, SamplingOptions
+
+
+class SequenceStatus(enum.Enum):
+    """Where a sequence is in its lifecycle."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    """Token ids (prompt then generated) and how many of them have KV computed.
+
+    The scheduler's one rule: a sequence needs `num_tokens - num_computed_tokens` more tokens of
+    compute; that covers prefill, chunked prefill, prefix-cache hits, recompute after preemption
+    and decode (1 token).
+    """
+
+    request_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling: SamplingOptions
+    max_completion_tokens: int  # sampling.max_tokens capped by the context length
+    priority: int = 0
+    arrival_index: int = 0
+    generator: torch.Generator | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
+    block_table: list[int] = field(default_factory=list)
+    # Chained hashes of the full blocks of token_ids, extended lazily (tokens only grow).
+    block_hashes: list[int] = field(default_factory=list)
+    num_registered_blocks: int = 0  # leading blocks already offered to the prefix cache
+    num_preemptions: int = 0
+    admitted_once: bool = False
+    finish_reason: FinishReason | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    @property
+    def schedule_key(self) -> tuple[int, int]:
+        """Sort key: higher priority first, then first come first served."""
+        return (-self.priority, self.arrival_index)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,199 @@
+"""InferenceServicer: validate, drive the backend or encoder, build responses."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from llm_common.errors import (
+    FailedPrecondition,
+    FieldViolation,
+    InvalidArgument,
+    PreconditionViolation,
+    Unavailable,
+)
+from llm_common.logging import get_logger
+from llm_inference import convert, validation
+from llm_inference.config import Limits
+from llm_inference.deployment import ModelFacts
+from llm_inference.embedding.runtime import EmbeddingRuntime
+from llm_inference.engine.api import (
+    EngineError,
+    EngineInfo,
+    GenerationBackend,
+    InvalidRequest,
+    LoadSnapshot,
+    TokenEvent,
+)
+from llm_inference.metrics import InferenceMetrics
+from llm_inference.phases import record_phases
+from llmapi.common.v1 import common_pb2
+from llmapi.inference.v1 import inference_service_pb2 as pb
+from llmapi.inference.v1 import inference_service_pb2_grpc as pb_grpc
+
+Context = grpc.aio.ServicerContext[Any, Any]
+ENGINE_RETRY_AFTER_S = 1.0
+_log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """A generation deployment: its backend and what requests are validated against."""
+
+    backend: GenerationBackend
+    facts: ModelFacts
+    token_text: convert.TokenText | None = None  # for logprobs' token strings
+
+
+class InferenceServicer(pb_grpc.InferenceServiceServicer):
+    """llmapi.inference.v1.InferenceService for one model: generation or embedding."""
+
+    def __init__(
+        self,
+        model: str,
+        runtime: Generation | EmbeddingRuntime,
+        *,
+        limits: Limits,
+        metrics: InferenceMetrics,
+        replica_id: str,
+    ) -> None:
+        self._model = model
+        self._runtime = runtime
+        self._limits = limits
+        self._metrics = metrics
+        self._replica_id = replica_id
+        self._sequence = itertools.count()
+
+    # Method names are the contract's RPC names, hence the noqa N802.
+    async def Generate(  # noqa: N802
+        self, request: pb.GenerateRequest, context: Context
+    ) -> AsyncIterator[pb.GenerateResponse]:
+        generation = self._generation()
+        given = validation.generate_input(request, generation.facts, self._limits)
+        # Callers' ids need not be unique; the engine's must be.
+        engine_id = f"{given.request_id[:96]}#{next(self._sequence)}"
+        arrival_ns = time.time_ns()
+        try:
+            events = generation.backend.generate(
+                engine_id, given.prompt_token_ids, given.sampling, given.priority
+            )
+        except EngineError as exc:
+            raise _service_error(given.request_id, exc) from exc
+        last: TokenEvent | None = None
+        failed = False
+        try:
+            async for event in events:
+                last = event
+                yield convert.generate_response(
+                    event, detokenize=given.detokenize, token_text=generation.token_text
+                )
+                if event.finish_reason is not None:
+                    self._finished(given.request_id, event)
+                    record_phases(arrival_ns, event)
+                    return
+        except EngineError as exc:
+            failed = True
+            raise _service_error(given.request_id, exc) from exc
+        finally:
+            if last is None or last.finish_reason is None:
+                # Client cancel, deadline or failure: free the KV blocks now, not at GC.
+                generation.backend.abort(engine_id)
+                if not failed:
+                    self._metrics.abandoned(0 if last is None else last.completion_tokens)
+            await _aclose(events)  # closing the engine's stream aborts the request too
+
+    async def Embed(  # noqa: N802
+        self, request: pb.EmbedRequest, context: Context
+    ) -> pb.EmbedResponse:
+        runtime = self._runtime
+        if not isinstance(runtime, EmbeddingRuntime):
+            raise self._wrong_kind("Embed", "embedding")
+        texts = validation.embed_inputs(request, self._limits)
+        result = await runtime.embed(texts, normalize=request.normalize)
+        self._metrics.embedded(len(texts), result.prompt_tokens)
+        response = pb.EmbedResponse(
+            prompt_tokens=result.prompt_tokens, dimensions=result.dimensions
+        )
+        for vector in result.vectors:
+            response.embeddings.add().values.extend(vector)
+        return response
+
+    async def Info(  # noqa: N802
+        self, request: pb.InfoRequest, context: Context
+    ) -> pb.InfoResponse:
+        runtime = self._runtime
+        if isinstance(runtime, EmbeddingRuntime):
+            info = runtime.info()
+            kind, max_context = common_pb2.MODEL_KIND_EMBEDDING, info.max_context
+        else:
+            info = runtime.backend.info()
+            kind, max_context = common_pb2.MODEL_KIND_GENERATION, runtime.facts.max_context
+        return convert.info_response(
+            info, kind=kind, replica_id=self._replica_id, max_context=max_context
+        )
+
+    async def GetLoad(  # noqa: N802
+        self, request: pb.GetLoadRequest, context: Context
+    ) -> pb.GetLoadResponse:
+        return pb.GetLoadResponse(load=convert.load_report(self.load(), self._replica_id))
+
+    async def WatchLoad(  # noqa: N802
+        self, request: pb.WatchLoadRequest, context: Context
+    ) -> AsyncIterator[pb.WatchLoadResponse]:
+        interval_s = validation.watch_interval_s(request)
+        while True:
+            yield pb.WatchLoadResponse(load=convert.load_report(self.load(), self._replica_id))
+            await asyncio.sleep(interval_s)
+
+    def load(self) -> LoadSnapshot:
+        """The current load of whichever runtime this deployment has."""
+        runtime = self._runtime
+        return runtime.load() if isinstance(runtime, EmbeddingRuntime) else runtime.backend.load()
+
+    def info(self) -> EngineInfo:
+        runtime = self._runtime
+        return runtime.info() if isinstance(runtime, EmbeddingRuntime) else runtime.backend.info()
+
+    def _generation(self) -> Generation:
+        if isinstance(self._runtime, EmbeddingRuntime):
+            raise self._wrong_kind("Generate", "generation")
+        return self._runtime
+
+    def _wrong_kind(self, rpc: str, needed: str) -> FailedPrecondition:
+        served = "generation" if needed == "embedding" else "embedding"
+        return FailedPrecondition(
+            f"{rpc} needs a {needed} deployment; this replica serves {served} model {self._model}",
+            [PreconditionViolation("MODEL_KIND", self._model, f"model kind is {served}")],
+        )
+
+    def _finished(self, request_id: str, event: TokenEvent) -> None:
+        self._metrics.finished(event)
+        reason = event.finish_reason.value if event.finish_reason is not None else None
+        _log.info(
+            "generated",
+            request_id=request_id,
+            finish_reason=reason,
+            prompt_tokens=event.prompt_tokens,
+            completion_tokens=event.completion_tokens,
+            cached_tokens=event.cached_tokens,
+            ttft_ms=None if event.timings is None else round(event.timings.ttft_ms, 2),
+        )
+
+
+def _service_error(request_id: str, exc: EngineError) -> InvalidArgument | Unavailable:
+    if isinstance(exc, InvalidRequest):
+        return InvalidArgument([FieldViolation("prompt_token_ids", str(exc))])
+    _log.warning("engine error", request_id=request_id, error=str(exc))
+    return Unavailable("the engine failed this request", ENGINE_RETRY_AFTER_S)
+
+
+async def _aclose(events: AsyncIterator[TokenEvent]) -> None:
+    close = getattr(events, "aclose", None)
+    if close is not None:
+        await close()

@@ -1,0 +1,317 @@
+"""Stand-in for the `tensorrt_llm` package (v1.x LLM API), for adapter tests on machines
+without an NVIDIA GPU.
+
+It mirrors the documented surface the adapter uses: `LLM(model, ..., **kwargs)` with kwargs
+checked against the argument model, `generate_async(inputs, sampling_params, streaming=True)`
+returning a result that `async for` yields *the same object, updated* with `token_ids_diff` /
+`text_diff` / `logprobs_diff` deltas, `abort()` / `aborted()`, `get_stats(timeout)` returning
+JSON strings of iteration stats, `get_kv_cache_capacity()`, `shutdown()`; `SamplingParams` as a
+kw-only slots dataclass; `llmapi.KvCacheConfig`. The "model" is a toy: next token =
+(7 * last + 3 * position) mod vocab, or seeded random when temperature > 0, decoded with the
+checkpoint's real tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+TOKENS_PER_BLOCK = 32
+MAX_NUM_BLOCKS = 64
+STEP_DELAY_S = 0.002
+
+# A subset of TorchLlmArgs.model_fields: unknown kwargs are rejected like the real LLM does.
+_LLM_KWARGS = frozenset(
+    {
+        "pipeline_parallel_size", "context_parallel_size", "kv_cache_config", "max_batch_size",
+        "max_num_tokens", "max_seq_len", "enable_chunked_prefill", "enable_iter_perf_stats",
+        "enable_iter_req_stats", "return_perf_metrics", "backend",
+    }
+)  # fmt: skip
+
+
+@dataclass(slots=True, kw_only=True)
+class SamplingParams:
+    end_id: int | None = None
+    pad_id: int | None = None
+    max_tokens: int = 32
+    min_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    n: int = 1
+    best_of: int | None = None
+    use_beam_search: bool = False
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    bad: str | list[str] | None = None
+    bad_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    return_perf_metrics: bool = False
+    exclude_input_from_output: bool = True
+    detokenize: bool = True
+    add_special_tokens: bool = True
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
+    logits_processor: Any = None
+    guided_decoding: Any = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    _last_text_len: int = 0
+    _last_token_ids_len: int = 0
+    _last_logprobs_len: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def text_diff(self) -> str:
+        return self.text[self._last_text_len :]
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_token_ids_len :]
+
+    @property
+    def logprobs_diff(self) -> list[float]:
+        return self.logprobs[self._last_logprobs_len :]
+
+    def _mark_read(self) -> None:
+        self._last_text_len = len(self.text)
+        self._last_token_ids_len = len(self.token_ids)
+        self._last_logprobs_len = len(self.logprobs)
+
+
+class RequestOutput:
+    """GenerationResult: awaitable, async-iterable (same object, updated), abortable."""
+
+    def __init__(
+        self, llm: LLM, request_id: int, prompt: list[int], params: SamplingParams
+    ) -> None:
+        self.request_id = request_id
+        self.prompt = None
+        self.prompt_token_ids = prompt
+        self.outputs = [CompletionOutput(index=0)]
+        self.context_logits = None
+        self.finished = False
+        self.error: str | None = None
+        self._llm = llm
+        self._params = params
+        self._aborted = False
+        self._rng = random.Random(params.seed or 0)
+        self._streaming = True
+
+    def abort(self) -> None:
+        self._aborted = True
+
+    def aborted(self) -> bool:
+        return self._aborted
+
+    def __aiter__(self) -> RequestOutput:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        self.outputs[0]._mark_read()
+        await asyncio.sleep(STEP_DELAY_S)
+        if self._aborted:
+            self._finish("cancelled")
+        else:
+            self._step()
+        self._llm._record_iteration()
+        return self
+
+    async def aresult(self) -> RequestOutput:
+        async for _ in self:
+            pass
+        return self
+
+    def _step(self) -> None:
+        out, params = self.outputs[0], self._params
+        history = self.prompt_token_ids + out.token_ids
+        token = self._next_token(history)
+        if token == params.end_id and not params.ignore_eos:
+            self._finish("stop")
+            return
+        if params.stop_token_ids and token in params.stop_token_ids:
+            self._finish("stop", token)
+            return
+        out.token_ids.append(token)
+        if params.logprobs:
+            out.logprobs.append(-0.5)
+        if params.detokenize:
+            out.text = self._llm._decode(out.token_ids)
+            if self._stop_string(out):
+                return
+        if len(out.token_ids) >= params.max_tokens:
+            self._finish("length")
+
+    def _next_token(self, history: list[int]) -> int:
+        vocab = self._llm._vocab_size
+        if self._params.temperature:
+            return self._rng.randrange(vocab)
+        return (7 * history[-1] + 3 * len(history)) % vocab
+
+    def _stop_string(self, out: CompletionOutput) -> bool:
+        stops = self._params.stop
+        for stop in [stops] if isinstance(stops, str) else stops or []:
+            index = out.text.find(stop)
+            if index >= 0:
+                out.text = out.text[:index]
+                self._finish("stop", stop)
+                return True
+        return False
+
+    def _finish(self, reason: str, stop_reason: int | str | None = None) -> None:
+        self.finished = True
+        self.outputs[0].finish_reason = reason
+        self.outputs[0].stop_reason = stop_reason
+        self._llm._active.pop(self.request_id, None)
+
+
+class LLM:
+    """The `tensorrt_llm.LLM` constructor signature and the methods the adapter calls."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        tokenizer: Any = None,
+        tokenizer_mode: str = "auto",
+        skip_tokenizer_init: bool = False,
+        trust_remote_code: bool = False,
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        revision: str | None = None,
+        tokenizer_revision: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        unknown = set(kwargs) - _LLM_KWARGS
+        if unknown:
+            raise ValueError(f"got invalid argument: {sorted(unknown)}")
+        directory = Path(model)
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        self.args: dict[str, Any] = {
+            "model": str(model),
+            "tensor_parallel_size": tensor_parallel_size,
+            "dtype": dtype,
+            "skip_tokenizer_init": skip_tokenizer_init,
+            **kwargs,
+        }
+        self._vocab_size = int(config["vocab_size"])
+        self._eos = config.get("eos_token_id")
+        self.tokenizer = (
+            None if skip_tokenizer_init else Tokenizer.from_file(str(directory / "tokenizer.json"))
+        )
+        self._active: dict[int, RequestOutput] = {}
+        self._ids = iter(range(1, 1 << 62))
+        self._stats: collections.deque[str] = collections.deque(maxlen=1000)
+        self.is_shutdown = False
+
+    def generate_async(
+        self,
+        inputs: Any,
+        sampling_params: SamplingParams | None = None,
+        lora_request: Any = None,
+        prompt_adapter_request: Any = None,
+        streaming: bool = False,
+        kv_cache_retention_config: Any = None,
+        disaggregated_params: Any = None,
+        trace_headers: Any = None,
+        scheduling_params: Any = None,
+        cache_salt: str | None = None,
+        priority: float = 0.5,
+    ) -> RequestOutput:
+        if self.is_shutdown:
+            raise RuntimeError("LLM is shut down")
+        prompt = inputs["prompt_token_ids"] if isinstance(inputs, dict) else inputs
+        if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
+            raise TypeError("The inputs must be type str or list of int")
+        params = sampling_params or SamplingParams()
+        if params.end_id is None:
+            if self.tokenizer is None:
+                raise ValueError("tokenizer is required to reset end_id if it is None")
+            params.end_id = self._eos
+        max_seq_len = self.args.get("max_seq_len")
+        if max_seq_len is not None and len(prompt) + params.max_tokens > max_seq_len:
+            raise ValueError(f"prompt + max_tokens should not exceed max_seq_len ({max_seq_len})")
+        result = RequestOutput(self, next(self._ids), list(prompt), params)
+        self._active[result.request_id] = result
+        return result
+
+    def get_stats(self, timeout: float | None = 2) -> list[str]:
+        if not self._stats:
+            time.sleep(min(timeout or 0.0, 0.01))
+        entries = list(self._stats)
+        self._stats.clear()
+        return entries
+
+    def get_kv_cache_capacity(self) -> dict[str, int]:
+        return {
+            "maxNumBlocks": MAX_NUM_BLOCKS,
+            "tokensPerBlock": TOKENS_PER_BLOCK,
+            "maxNumTokens": MAX_NUM_BLOCKS * TOKENS_PER_BLOCK,
+        }
+
+    def shutdown(self) -> None:
+        self.is_shutdown = True
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        self.shutdown()
+        return False
+
+    def _decode(self, ids: list[int]) -> str:
+        assert self.tokenizer is not None
+        text: str = self.tokenizer.decode(ids)
+        return text
+
+    def _record_iteration(self) -> None:
+        used = sum(
+            math.ceil((len(r.prompt_token_ids) + len(r.outputs[0].token_ids)) / TOKENS_PER_BLOCK)
+            for r in self._active.values()
+        )
+        generating = sum(1 for r in self._active.values() if r.outputs[0].token_ids)
+        stats = {
+            "iter": len(self._stats),
+            "timestamp": time.time(),
+            "numQueuedRequests": 0,
+            "cpuMemUsage": 0,
+            "gpuMemUsage": 0,
+            "kvCacheStats": {"usedNumBlocks": used, "freeNumBlocks": MAX_NUM_BLOCKS - used},
+            "inflightBatchingStats": {
+                "numCtxTokens": 0,
+                "numContextRequests": len(self._active) - generating,
+                "numGenRequests": generating,
+            },
+        }
+        self._stats.append(json.dumps(stats))
