@@ -6,15 +6,19 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-PACKAGES := libs/llmapi-proto libs/llm-common $(patsubst %/pyproject.toml,%,$(wildcard services/*/pyproject.toml))
+PACKAGES := libs/llmapi-proto libs/llm-common \
+            $(patsubst %/pyproject.toml,%,$(wildcard services/*/pyproject.toml)) \
+            $(patsubst %/pyproject.toml,%,$(wildcard infra/envoy/pyproject.toml infra/local/pyproject.toml tools/llmctl/pyproject.toml))
 MODEL_ROOT ?= .cache/models
 DEMO_MODEL := $(MODEL_ROOT)/demo-llama
 PYTEST := $(VENV)/bin/pytest
-TYPED := libs/llm-common/src $(wildcard services/*/src) bench infra/model
+TYPED := libs/llm-common/src $(wildcard services/*/src infra/envoy/src infra/local/src tools/llmctl/src) \
+         bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e ci model constraints clean up \
-        bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-router
+        test test-unit test-integration test-e2e ci model constraints clean up down status envoy-config compose-prepare \
+        bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-router \
+        bench-stack
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -25,6 +29,8 @@ $(VENV)/.stamp: constraints.txt requirements-dev.txt $(addsuffix /pyproject.toml
 	$(PIP) install -q -U pip
 	$(PIP) install -q -c constraints.txt torch==2.13.0
 	$(PIP) install -q -c constraints.txt -r requirements-dev.txt $(addprefix -e ,$(PACKAGES))
+	@# xds-protos ships an old opentelemetry/proto over the real one, which breaks OTLP export.
+	$(PIP) install -q --force-reinstall --no-deps -c constraints.txt opentelemetry-proto
 	@touch $@
 
 setup: $(VENV)/.stamp ## create or update .venv (idempotent)
@@ -103,12 +109,26 @@ bench-router: model ## router overhead, prefix-affinity TTFT → bench/results/r
 
 constraints: ## re-pin constraints.txt from the current venv
 	{ echo "# Exact pins for every dependency (pip -c constraints.txt). Regenerate with 'make constraints'."; \
-	  $(PIP) freeze --exclude-editable | grep -v -iE '^(-e|llm-|llmapi-proto)' | sed 's/+cpu//' | sort -f; } > constraints.txt
+	  $(PIP) freeze --exclude-editable | grep -v -iE '^(-e|llm-|llmapi-proto|llmctl)' \
+	    | sed -E 's/\+cpu//; s/^([A-Za-z0-9_.-]+) @ .*-([0-9][^-]*)-py3-.*/\1==\2/' | sort -f; } > constraints.txt
 
-up: model ## bring up the platform (completed by the mesh issue)
-	@echo "make up: the local stack supervisor lands with the Envoy mesh issue; run one service with"
-	@echo "  GRPC_PORT=50052 MODEL_ROOT=$(MODEL_ROOT) $(PY) -m llm_tokenizer"
-	@exit 1
+up: model ## the whole platform on this host; Ctrl-C or `make down` stops it
+	$(PY) -m llm_stack up
+
+down: ## stop what `make up` started
+	$(PY) -m llm_stack down
+
+status: ## processes of `make up`, their health and logs
+	$(PY) -m llm_stack status
+
+envoy-config: setup ## re-render infra/k8s/base/envoy
+	$(PY) -m llm_envoy k8s
+
+compose-prepare: model ## secrets and Envoy config for infra/compose.yaml
+	$(PY) -m llm_stack prepare
+
+bench-stack: model ## edge vs replica latency, cache hits/s → bench/results/stack.json
+	$(PY) bench/bench_stack.py
 
 clean: ## remove caches and build outputs (keeps .venv and the demo model)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/results/*.json bench/results/*.png

@@ -190,11 +190,18 @@ class LookupResponse(_message.Message):
     SIMILARITY_FIELD_NUMBER: _builtins.int
     RESPONSE_FIELD_NUMBER: _builtins.int
     ENTRY_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
     kind: Global___HitKind.ValueType
     similarity: _builtins.float
     """Cosine similarity for semantic hits; 1.0 exact; 0 miss."""
     entry_id: _builtins.str
     """Id of the entry served, for Feedback and Invalidate."""
+    reason: _builtins.str
+    """Why the answer is a MISS (empty on a hit): "not_found", "nondeterministic",
+    "uncacheable" (e.g. logprobs requested), "store_unavailable", "guard_<check>" (a
+    similar entry was refused by the negation/number/entity/detail/direction/question
+    guard) or "feedback_blocked". For logs and metrics; callers treat every MISS alike.
+    """
     @_builtins.property
     def response(self) -> Global___CachedResponse:
         """Set on a hit."""
@@ -206,10 +213,11 @@ class LookupResponse(_message.Message):
         similarity: _builtins.float = ...,
         response: Global___CachedResponse | None = ...,
         entry_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "kind", b"kind", "response", b"response", "similarity", b"similarity"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "kind", b"kind", "reason", b"reason", "response", b"response", "similarity", b"similarity"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -225,10 +233,13 @@ class StoreRequest(_message.Message):
     RESPONSE_FIELD_NUMBER: _builtins.int
     TTL_SECONDS_FIELD_NUMBER: _builtins.int
     ALLOW_NONDETERMINISTIC_FIELD_NUMBER: _builtins.int
+    NO_SEMANTIC_INDEX_FIELD_NUMBER: _builtins.int
     ttl_seconds: _builtins.int
     """Entry lifetime in seconds; 0 = the service default."""
     allow_nondeterministic: _builtins.bool
     """Store although sampling is not deterministic."""
+    no_semantic_index: _builtins.bool
+    """Keep the entry out of the semantic index: it can then only ever match exactly."""
     @_builtins.property
     def key(self) -> Global___CacheKey: ...
     @_builtins.property
@@ -240,10 +251,11 @@ class StoreRequest(_message.Message):
         response: Global___CachedResponse | None = ...,
         ttl_seconds: _builtins.int = ...,
         allow_nondeterministic: _builtins.bool = ...,
+        no_semantic_index: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_nondeterministic", b"allow_nondeterministic", "key", b"key", "response", b"response", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_nondeterministic", b"allow_nondeterministic", "key", b"key", "no_semantic_index", b"no_semantic_index", "response", b"response", "ttl_seconds", b"ttl_seconds"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -258,20 +270,26 @@ class StoreResponse(_message.Message):
     STORED_FIELD_NUMBER: _builtins.int
     ENTRY_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    EVICTED_FIELD_NUMBER: _builtins.int
     stored: _builtins.bool
     entry_id: _builtins.str
     reason: _builtins.str
     """Why nothing was stored (e.g. "nondeterministic", "too_large", "store_unavailable")."""
+    evicted: _builtins.int
+    """Entries of the same tenant evicted (least recently used first) to stay within the
+    tenant's byte budget.
+    """
     def __init__(
         self,
         *,
         stored: _builtins.bool = ...,
         entry_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        evicted: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "reason", b"reason", "stored", b"stored"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "evicted", b"evicted", "reason", b"reason", "stored", b"stored"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -362,16 +380,22 @@ class FeedbackResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     REMOVED_FIELD_NUMBER: _builtins.int
+    PAIR_BLOCKED_FIELD_NUMBER: _builtins.int
     removed: _builtins.bool
     """True when the entry existed and was removed."""
+    pair_blocked: _builtins.bool
+    """True when `key` was given and its pair with the entry is now blocked: that request
+    never gets this entry (or a later entry stored under the same id) as a semantic hit.
+    """
     def __init__(
         self,
         *,
         removed: _builtins.bool = ...,
+        pair_blocked: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["pair_blocked", b"pair_blocked", "removed", b"removed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -411,6 +435,15 @@ class StatsResponse(_message.Message):
     SEMANTIC_HITS_FIELD_NUMBER: _builtins.int
     MISSES_FIELD_NUMBER: _builtins.int
     DROPPED_STORES_FIELD_NUMBER: _builtins.int
+    BUDGET_BYTES_FIELD_NUMBER: _builtins.int
+    EVICTIONS_FIELD_NUMBER: _builtins.int
+    GUARD_REJECTIONS_FIELD_NUMBER: _builtins.int
+    EXACT_HIT_RATE_FIELD_NUMBER: _builtins.int
+    SEMANTIC_HIT_RATE_FIELD_NUMBER: _builtins.int
+    STORE_AVAILABLE_FIELD_NUMBER: _builtins.int
+    STORES_FIELD_NUMBER: _builtins.int
+    INDEXED_VECTORS_FIELD_NUMBER: _builtins.int
+    INDEX_READY_FIELD_NUMBER: _builtins.int
     entries: _builtins.int
     bytes: _builtins.int
     lookups: _builtins.int
@@ -419,6 +452,27 @@ class StatsResponse(_message.Message):
     misses: _builtins.int
     dropped_stores: _builtins.int
     """Stores dropped because the store was unavailable."""
+    budget_bytes: _builtins.int
+    """Byte budget per tenant (entries + bookkeeping); `bytes` never exceeds it per tenant."""
+    evictions: _builtins.int
+    """Entries evicted to stay within the byte budget."""
+    guard_rejections: _builtins.int
+    """Semantic candidates above the threshold refused by the guard."""
+    exact_hit_rate: _builtins.float
+    """exact_hits / lookups and semantic_hits / lookups; 0 without lookups."""
+    semantic_hit_rate: _builtins.float
+    store_available: _builtins.bool
+    """False when the store could not be read: entries and bytes are then 0, the counters
+    still hold.
+    """
+    stores: _builtins.int
+    """Successful stores."""
+    indexed_vectors: _builtins.int
+    """Vectors in this replica's semantic index (all tenants; not per tenant)."""
+    index_ready: _builtins.bool
+    """True once this replica has rebuilt its semantic index from the store after start
+    (until then semantic lookups find only entries stored since).
+    """
     def __init__(
         self,
         *,
@@ -429,10 +483,19 @@ class StatsResponse(_message.Message):
         semantic_hits: _builtins.int = ...,
         misses: _builtins.int = ...,
         dropped_stores: _builtins.int = ...,
+        budget_bytes: _builtins.int = ...,
+        evictions: _builtins.int = ...,
+        guard_rejections: _builtins.int = ...,
+        exact_hit_rate: _builtins.float = ...,
+        semantic_hit_rate: _builtins.float = ...,
+        store_available: _builtins.bool = ...,
+        stores: _builtins.int = ...,
+        indexed_vectors: _builtins.int = ...,
+        index_ready: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "dropped_stores", b"dropped_stores", "entries", b"entries", "exact_hits", b"exact_hits", "lookups", b"lookups", "misses", b"misses", "semantic_hits", b"semantic_hits"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_bytes", b"budget_bytes", "bytes", b"bytes", "dropped_stores", b"dropped_stores", "entries", b"entries", "evictions", b"evictions", "exact_hit_rate", b"exact_hit_rate", "exact_hits", b"exact_hits", "guard_rejections", b"guard_rejections", "index_ready", b"index_ready", "indexed_vectors", b"indexed_vectors", "lookups", b"lookups", "misses", b"misses", "semantic_hit_rate", b"semantic_hit_rate", "semantic_hits", b"semantic_hits", "store_available", b"store_available", "stores", b"stores"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

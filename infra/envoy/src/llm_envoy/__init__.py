@@ -1,0 +1,1 @@
+"""The platform's Envoy configurations, rendered from one Python description."""

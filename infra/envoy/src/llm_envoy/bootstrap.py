@@ -1,0 +1,133 @@
+"""Whole Envoy bootstrap configs: local (edge + mesh in one), Kubernetes edge and sidecars."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from llm_envoy import clusters, filters, layouts, listeners
+from llm_envoy.topology import (
+    MESH_INBOUND_PORT,
+    ROUTER_HTTP_PORT,
+    SERVICES,
+    Endpoint,
+    Layout,
+)
+
+Config = dict[str, Any]
+MAX_DOWNSTREAM_CONNECTIONS = 50_000
+
+
+def _bootstrap(
+    layout: Layout, node: str, listener_list: list[Config], cluster_list: list[Config]
+) -> Config:
+    static: Config = {}
+    if layout.otlp is not None:
+        static = filters.tracing_runtime()
+        cluster_list.append(_otlp_cluster(layout))
+    return {
+        "node": {"id": node, "cluster": node},
+        "admin": {
+            # Never public: the admin can drain and kill the proxy.
+            "address": clusters.address(layout.admin),
+            "access_log": [
+                {
+                    "name": "envoy.access_loggers.file",
+                    "typed_config": filters.typed(
+                        "envoy.extensions.access_loggers.file.v3.FileAccessLog", path="/dev/null"
+                    ),
+                }
+            ],
+        },
+        "layered_runtime": {
+            "layers": [
+                {"name": "static", "static_layer": static},
+                {"name": "admin", "admin_layer": {}},
+            ]
+        },
+        "overload_manager": {
+            "resource_monitors": [
+                {
+                    "name": "envoy.resource_monitors.global_downstream_max_connections",
+                    "typed_config": filters.typed(
+                        "envoy.extensions.resource_monitors.downstream_connections.v3"
+                        ".DownstreamConnectionsConfig",
+                        max_active_downstream_connections=MAX_DOWNSTREAM_CONNECTIONS,
+                    ),
+                }
+            ]
+        },
+        "static_resources": {"listeners": listener_list, "clusters": cluster_list},
+    }
+
+
+def _otlp_cluster(layout: Layout) -> Config:
+    assert layout.otlp is not None
+    up = layout.otlp
+    cluster = clusters.plain_cluster(up.name, up.endpoints[0])
+    if up.dns:
+        cluster["type"] = "STRICT_DNS"
+        cluster["dns_lookup_family"] = "V4_ONLY"
+    return cluster
+
+
+def _service_clusters(layout: Layout) -> list[Config]:
+    return [clusters.service_cluster(up, layout) for up in layout.upstreams.values()]
+
+
+def local_config(layout: Layout) -> Config:
+    """One Envoy for the one-host stack: edge listeners, the mesh listener and every cluster."""
+    listener_list = [*listeners.edge_listeners(layout), listeners.mesh_outbound_listener(layout)]
+    cluster_list = _service_clusters(layout)
+    cluster_list.append(clusters.replica_cluster(layout, peer_identity=None))
+    return _bootstrap(layout, "llm-local", listener_list, cluster_list)
+
+
+def k8s_edge_config(layout: Layout) -> Config:
+    """The gateway: public listeners, mTLS to the sidecars, Prometheus stats listener."""
+    listener_list = [
+        *listeners.edge_listeners(layout),
+        listeners.stats_listener(layouts.STATS_PORT),
+    ]
+    cluster_list = [*_service_clusters(layout), _admin_cluster(layout)]
+    return _bootstrap(layout, "llm-edge", listener_list, cluster_list)
+
+
+def k8s_sidecar_config(service: str, namespace: str = layouts.NAMESPACE) -> Config:
+    """A service pod's sidecar: mTLS inbound to the app; the router's also has the outbound
+    mesh listener with its dependencies and the chosen-replica path."""
+    layout = layouts.k8s_sidecar_layout(service, namespace)
+    info = SERVICES[service]
+    inbound = listeners.inbound_listener(
+        layout,
+        MESH_INBOUND_PORT,
+        layouts.k8s_peers(service, namespace),
+        http_app=service == "router",
+    )
+    listener_list = [inbound, listeners.stats_listener(layouts.STATS_PORT)]
+    cluster_list = [
+        clusters.plain_cluster(listeners.LOCAL_APP, Endpoint(layouts.LOOPBACK, info.grpc_port)),
+        _admin_cluster(layout),
+    ]
+    if service == "router":
+        cluster_list.append(
+            clusters.plain_cluster(
+                listeners.LOCAL_APP_HTTP, Endpoint(layouts.LOOPBACK, ROUTER_HTTP_PORT), http1=True
+            )
+        )
+        listener_list.append(listeners.mesh_outbound_listener(layout))
+        cluster_list.extend(_service_clusters(layout))
+        identity = layout.upstreams["inference"].peer_identity
+        cluster_list.append(clusters.replica_cluster(layout, peer_identity=identity))
+    return _bootstrap(layout, f"llm-{service}", listener_list, cluster_list)
+
+
+def _admin_cluster(layout: Layout) -> Config:
+    return clusters.plain_cluster(clusters.ADMIN_CLUSTER, layout.admin, http1=True)
+
+
+def to_yaml(config: Config, header: str) -> str:
+    """YAML with a comment header naming where the file comes from."""
+    lines = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
+    return lines + yaml.safe_dump(config, sort_keys=False, width=100, default_flow_style=False)

@@ -1,0 +1,211 @@
+"""HTTP filters, access logs and tracing shared by the edge and mesh listeners."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llm_envoy.clusters import dns_cache_config
+from llm_envoy.topology import DESCRIPTOR, LLM_SERVICE, REPLICA_HEADER
+
+Config = dict[str, Any]
+EXT_AUTHZ = "envoy.filters.http.ext_authz"
+RATELIMIT = "envoy.filters.http.ratelimit"
+RBAC = "envoy.filters.http.rbac"
+TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
+DYNAMIC_FORWARD_PROXY = "envoy.filters.http.dynamic_forward_proxy"
+RATE_LIMIT_DOMAIN = "llm-api"
+OTEL_CLUSTER = "otel_collector"
+# Set by ext_authz from the verified credential; a client must never be able to send them.
+IDENTITY_HEADERS = ("x-tenant-id", "x-key-id", "x-scopes", "x-credential-type", "x-allowed-models")
+# Headers ext_authz needs: the credential, the requested model, and the content type (its
+# denial body is JSON for HTTP clients and plain text, i.e. grpc-message, for gRPC ones).
+AUTHZ_HEADERS = ("authorization", "x-api-key", "x-model", "content-type")
+
+_TYPES = {
+    "health_check": "envoy.extensions.filters.http.health_check.v3.HealthCheck",
+    "header_mutation": "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+    EXT_AUTHZ: "envoy.extensions.filters.http.ext_authz.v3.ExtAuthz",
+    TRANSCODER: "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder",
+    RBAC: "envoy.extensions.filters.http.rbac.v3.RBAC",
+    RATELIMIT: "envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+    DYNAMIC_FORWARD_PROXY: "envoy.extensions.filters.http.dynamic_forward_proxy.v3.FilterConfig",
+    "router": "envoy.extensions.filters.http.router.v3.Router",
+}
+
+
+def typed(type_name: str, **fields: Any) -> Config:
+    return {"@type": f"type.googleapis.com/{type_name}", **fields}
+
+
+def _filter(name: str, short: str, **fields: Any) -> Config:
+    return {"name": name, "typed_config": typed(_TYPES[short], **fields)}
+
+
+def health_check_filter() -> Config:
+    """`/healthz` for load balancers: 503 once `/healthcheck/fail` was posted to the admin
+    (the first step of a drain), 200 otherwise; answered by Envoy itself."""
+    return _filter(
+        "envoy.filters.http.health_check",
+        "health_check",
+        pass_through_mode=False,
+        headers=[{"name": ":path", "string_match": {"exact": "/healthz"}}],
+    )
+
+
+def strip_identity_filter() -> Config:
+    """Client-sent identity headers go before ext_authz runs. Route-level
+    request_headers_to_remove would run after ext_authz and delete what it set."""
+    removals = [{"remove": h} for h in (*IDENTITY_HEADERS, REPLICA_HEADER)]
+    return _filter(
+        "envoy.filters.http.header_mutation",
+        "header_mutation",
+        mutations={"request_mutations": removals},
+    )
+
+
+def ext_authz_filter() -> Config:
+    """Fail closed: with auth down a request must not pass unauthenticated."""
+    return _filter(
+        EXT_AUTHZ,
+        EXT_AUTHZ,
+        transport_api_version="V3",
+        grpc_service={"envoy_grpc": {"cluster_name": "auth"}, "timeout": "0.5s"},
+        failure_mode_allow=False,
+        status_on_error={"code": "ServiceUnavailable"},
+        allowed_headers={"patterns": [{"exact": h} for h in AUTHZ_HEADERS]},
+    )
+
+
+def transcoder_filter() -> Config:
+    """REST/JSON for LLMService at `POST /llmapi.llm.v1.LLMService/<Method>` (auto mapping),
+    streams as server-sent events. Errors become HTTP statuses with a JSON google.rpc.Status."""
+    return _filter(
+        TRANSCODER,
+        TRANSCODER,
+        proto_descriptor=DESCRIPTOR,
+        services=[LLM_SERVICE],
+        auto_mapping=True,
+        convert_grpc_status=True,
+        print_options={
+            "add_whitespace": False,
+            "always_print_primitive_fields": True,
+            "preserve_proto_field_names": True,
+            "stream_sse_style_delimited": True,
+        },
+    )
+
+
+def rbac_filter(rules: Config | None = None) -> Config:
+    """Without `rules` it enforces nothing itself and is there for per-route policies."""
+    return _filter(RBAC, RBAC) if rules is None else _filter(RBAC, RBAC, rules=rules)
+
+
+def ratelimit_filter() -> Config:
+    """Requests per minute per key and tenant, decided by auth's RateLimitService.
+
+    After the transcoder, so it sees the gRPC route. Fails open (a rate-limit outage must not
+    stop traffic); RESOURCE_EXHAUSTED for gRPC callers instead of the retryable UNAVAILABLE.
+    """
+    return _filter(
+        RATELIMIT,
+        RATELIMIT,
+        domain=RATE_LIMIT_DOMAIN,
+        stage=0,
+        timeout="0.25s",  # the 20 ms default is too tight for a Python service
+        failure_mode_deny=False,
+        rate_limited_as_resource_exhausted=True,
+        enable_x_ratelimit_headers="DRAFT_VERSION_03",
+        rate_limit_service={
+            "transport_api_version": "V3",
+            "grpc_service": {"envoy_grpc": {"cluster_name": "auth"}},
+        },
+    )
+
+
+def dynamic_forward_proxy_filter() -> Config:
+    return _filter(
+        DYNAMIC_FORWARD_PROXY, DYNAMIC_FORWARD_PROXY, dns_cache_config=dns_cache_config()
+    )
+
+
+def router_filter() -> Config:
+    return _filter("envoy.filters.http.router", "router")
+
+
+def edge_filters() -> list[Config]:
+    """Order matters: strip spoofed identity, authenticate, transcode, rate limit, route."""
+    return [
+        health_check_filter(),
+        strip_identity_filter(),
+        ext_authz_filter(),
+        rbac_filter(),
+        transcoder_filter(),
+        ratelimit_filter(),
+        router_filter(),
+    ]
+
+
+def access_log(stat_prefix: str) -> list[Config]:
+    """One JSON line per request on stdout (buffered about a second by Envoy)."""
+    fields = {
+        "ts": "%START_TIME(%Y-%m-%dT%H:%M:%S.%3fZ)%",
+        "listener": stat_prefix,
+        "method": "%REQ(:METHOD)%",
+        "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+        "protocol": "%PROTOCOL%",
+        "code": "%RESPONSE_CODE%",
+        "grpc_status": "%GRPC_STATUS(NUMBER)%",
+        "flags": "%RESPONSE_FLAGS%",
+        "details": "%RESPONSE_CODE_DETAILS%",
+        "duration_ms": "%DURATION%",
+        "upstream_ms": "%RESP(X-ENVOY-UPSTREAM-SERVICE-TIME)%",
+        "rx_bytes": "%BYTES_RECEIVED%",
+        "tx_bytes": "%BYTES_SENT%",
+        "upstream_host": "%UPSTREAM_HOST%",
+        "upstream_cluster": "%UPSTREAM_CLUSTER%",
+        "attempts": "%UPSTREAM_REQUEST_ATTEMPT_COUNT%",
+        "request_id": "%REQ(X-REQUEST-ID)%",
+        "trace_id": "%TRACE_ID%",
+        "tenant": "%REQ(X-TENANT-ID)%",
+        "key_id": "%REQ(X-KEY-ID)%",
+        "user_agent": "%REQ(USER-AGENT)%",
+    }
+    return [
+        {
+            "name": "envoy.access_loggers.stdout",
+            "typed_config": typed(
+                "envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
+                log_format={
+                    "json_format": fields,
+                    "json_format_options": {"sort_properties": False},
+                },
+            ),
+        }
+    ]
+
+
+def tracing(service_name: str) -> Config:
+    """W3C trace context; a server span per request and a client span per upstream attempt."""
+    return {
+        "random_sampling": {"value": 100},
+        "spawn_upstream_span": True,
+        "custom_tags": [
+            {"tag": "tenant", "request_header": {"name": "x-tenant-id", "default_value": "-"}}
+        ],
+        "provider": {
+            "name": "envoy.tracers.opentelemetry",
+            "typed_config": typed(
+                "envoy.config.trace.v3.OpenTelemetryConfig",
+                service_name=service_name,
+                grpc_service={"envoy_grpc": {"cluster_name": OTEL_CLUSTER}, "timeout": "1s"},
+            ),
+        },
+    }
+
+
+def tracing_runtime() -> Config:
+    """Flush spans every second, from the first one (defaults: 5 s and 5 spans)."""
+    return {
+        "tracing.opentelemetry.flush_interval_ms": 1000,
+        "tracing.opentelemetry.min_flush_spans": 1,
+    }

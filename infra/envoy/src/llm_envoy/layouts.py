@@ -1,0 +1,168 @@
+"""The concrete layouts: one host (local) and a Kubernetes namespace (edge gateway, sidecars)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from llm_envoy.routes import (
+    AUTH_ADMIN_METHODS,
+    BILLING_ADMIN_METHODS,
+    CACHE_ADMIN_METHODS,
+    grpc_path,
+)
+from llm_envoy.topology import (
+    ADMIN_PORT,
+    EDGE_HTTP_PORT,
+    EDGE_TLS_PORT,
+    MESH_INBOUND_PORT,
+    MESH_OUTBOUND_PORT,
+    ROUTER_DEPENDENCIES,
+    ROUTER_HTTP_PORT,
+    SERVICES,
+    Endpoint,
+    Flavour,
+    Layout,
+    Peer,
+    ReplicaPath,
+    Upstream,
+    spiffe_id,
+)
+
+LOOPBACK = "127.0.0.1"
+NAMESPACE = "llm"
+GATEWAY = "gateway"  # the edge's service account
+OTLP_K8S = Endpoint("otel-collector.observability.svc.cluster.local", 4317)
+STATS_PORT = 9902  # the sidecars' Prometheus endpoint (admin stays on loopback)
+HEALTH_PREFIX = "/grpc.health.v1.Health/"
+
+
+def _default_grpc_ports() -> dict[str, int]:
+    return {name: info.grpc_port for name, info in SERVICES.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPorts:
+    """Ports of the one-host stack (ARCHITECTURE §9); tests move them to free ones."""
+
+    edge_http: int = EDGE_HTTP_PORT
+    edge_tls: int = EDGE_TLS_PORT
+    admin: int = ADMIN_PORT
+    mesh: int = MESH_OUTBOUND_PORT
+    router_http: int = ROUTER_HTTP_PORT
+    grpc: Mapping[str, int] = field(default_factory=_default_grpc_ports)
+    inference: tuple[int, ...] = (50054, 50064)  # generation replicas Envoy balances over
+
+
+def local_layout(
+    ports: LocalPorts,
+    *,
+    otlp: Endpoint | None = None,
+    admin_tenant: str = "system",
+    listen_host: str = LOOPBACK,
+) -> Layout:
+    """Edge and mesh in one Envoy next to the services, all on loopback."""
+
+    def up(name: str, *, ports_: tuple[int, ...] | None = None) -> Upstream:
+        chosen = ports_ if ports_ is not None else (ports.grpc[name],)
+        return Upstream(
+            name,
+            tuple(Endpoint(LOOPBACK, p) for p in chosen),
+            health_service=SERVICES[name].grpc_service,
+        )
+
+    upstreams = {name: up(name) for name in ("auth", "tokenizer", "router", "cache", "billing")}
+    upstreams["inference"] = up("inference", ports_=ports.inference)
+    upstreams["router_http"] = Upstream(
+        "router_http", (Endpoint(LOOPBACK, ports.router_http),), http1=True
+    )
+    return Layout(
+        flavour=Flavour.LOCAL,
+        upstreams=upstreams,
+        admin=Endpoint(LOOPBACK, ports.admin),
+        listen_host=listen_host,
+        edge_http_port=ports.edge_http,
+        edge_tls_port=ports.edge_tls,
+        mesh_outbound=Endpoint(LOOPBACK, ports.mesh),
+        replica_path=ReplicaPath.ORIGINAL_DST,
+        otlp=None if otlp is None else Upstream("otel_collector", (otlp,)),
+        admin_tenant=admin_tenant,
+        # Processes start one after another on one host: a late one is seen within a second.
+        health_idle_interval="1s",
+    )
+
+
+def k8s_upstream(name: str, namespace: str = NAMESPACE, *, http1: bool = False) -> Upstream:
+    """A service's pods through their sidecars (headless Service: Envoy balances per request)."""
+    service = "router" if name == "router_http" else name
+    host = f"{service}.{namespace}.svc.cluster.local"
+    return Upstream(
+        name,
+        (Endpoint(host, MESH_INBOUND_PORT),),
+        health_service=None if http1 else SERVICES[service].grpc_service,
+        http1=http1,
+        dns=True,
+        peer_identity=spiffe_id(namespace, service),
+    )
+
+
+def _k8s_layout(
+    upstreams: dict[str, Upstream], service_name: str, *, outbound: bool, admin_tenant: str
+) -> Layout:
+    return Layout(
+        flavour=Flavour.K8S,
+        upstreams=upstreams,
+        admin=Endpoint(LOOPBACK, ADMIN_PORT),
+        listen_host="0.0.0.0",
+        mesh_outbound=Endpoint(LOOPBACK, MESH_OUTBOUND_PORT) if outbound else None,
+        replica_path=ReplicaPath.DYNAMIC_DNS,
+        otlp=Upstream("otel_collector", (OTLP_K8S,), dns=True),
+        admin_tenant=admin_tenant,
+        health_event_log="/dev/stdout",
+        service_name=service_name,
+        mesh_tls=True,
+    )
+
+
+def k8s_edge_layout(namespace: str = NAMESPACE, admin_tenant: str = "system") -> Layout:
+    """The gateway Deployment: public listeners, mTLS to the services' sidecars."""
+    upstreams = {n: k8s_upstream(n, namespace) for n in ("router", "auth", "billing", "cache")}
+    upstreams["router_http"] = k8s_upstream("router_http", namespace, http1=True)
+    return _k8s_layout(upstreams, "llm-edge", outbound=False, admin_tenant=admin_tenant)
+
+
+def k8s_sidecar_layout(service: str, namespace: str = NAMESPACE) -> Layout:
+    """A service pod's sidecar; only the router's has an outbound side."""
+    upstreams: dict[str, Upstream] = {}
+    if service == "router":
+        names = (*ROUTER_DEPENDENCIES, "inference")
+        upstreams = {n: k8s_upstream(n, namespace) for n in names}
+    return _k8s_layout(
+        upstreams, f"llm-{service}", outbound=service == "router", admin_tenant="system"
+    )
+
+
+def k8s_peers(service: str, namespace: str = NAMESPACE) -> dict[str, Peer]:
+    """Who may call `service` through its sidecar (the admin surface only from the gateway)."""
+    gateway = spiffe_id(namespace, GATEWAY)
+    router = spiffe_id(namespace, "router")
+    if service == "router":
+        return {"gateway": Peer(gateway)}
+    if service == "auth":
+        auth = SERVICES["auth"].grpc_service
+        edge_paths = (
+            "/envoy.service.auth.v3.Authorization/",
+            "/envoy.service.ratelimit.v3.RateLimitService/",
+            HEALTH_PREFIX,
+            *(grpc_path(auth, m) for m in AUTH_ADMIN_METHODS),
+        )
+        return {"router": Peer(router), "gateway": Peer(gateway, edge_paths)}
+    admin_methods = {"billing": BILLING_ADMIN_METHODS, "cache": CACHE_ADMIN_METHODS}
+    peers = {"router": Peer(router)}
+    if service in admin_methods:
+        full = SERVICES[service].grpc_service
+        paths = [grpc_path(full, m.name) for m in admin_methods[service]]
+        if service == "billing":
+            paths.append(grpc_path(full, "ListPrices"))
+        peers["gateway"] = Peer(gateway, (HEALTH_PREFIX, *paths))
+    return peers

@@ -1,0 +1,286 @@
+"""Routes: which path goes where, with which timeouts, retries, scopes and rate limits."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from llm_envoy.clusters import REPLICA_CLUSTER
+from llm_envoy.filters import DYNAMIC_FORWARD_PROXY, EXT_AUTHZ, RBAC, typed
+from llm_envoy.topology import LLM_SERVICE, REPLICA_HEADER, SERVICES, Layout, ReplicaPath
+
+Config = dict[str, Any]
+SCOPE_COMPLETION = "completion:write"
+SCOPE_EMBEDDING = "embedding:read"
+SCOPE_ADMIN = "admin"
+# Streams longer than this are cut; a client's grpc-timeout below it is honoured.
+MAX_STREAM_S = 600
+# Envoy retries only before the first response byte (trailers-only gRPC errors). These
+# conditions are safe for idempotent calls (every mesh call is idempotent by its id).
+RETRY_IDEMPOTENT = "unavailable,reset,connect-failure,refused-stream"
+# Generation is not replayed once the router may have started it: only failures where the
+# request never reached a router are retried (the router re-dispatches inference itself).
+RETRY_UNSTARTED = "connect-failure,refused-stream"
+
+
+class Kind(enum.Enum):
+    """How a method behaves on the wire, which decides its timeouts and retries."""
+
+    STREAM = "stream"  # server-streaming generation: no route timeout, idle timeout per chunk
+    LONG_UNARY = "long_unary"  # unary generation: silent until done
+    UNARY = "unary"  # quick request/response
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One public method and what the edge demands of its caller."""
+
+    name: str
+    kind: Kind
+    scopes: tuple[str, ...] = ()
+    rate_limited: bool = True
+
+
+LLM_METHODS = (
+    Method("Chat", Kind.LONG_UNARY, (SCOPE_COMPLETION,)),
+    Method("ChatStream", Kind.STREAM, (SCOPE_COMPLETION,)),
+    Method("Complete", Kind.LONG_UNARY, (SCOPE_COMPLETION,)),
+    Method("CompleteStream", Kind.STREAM, (SCOPE_COMPLETION,)),
+    Method("Embed", Kind.LONG_UNARY, (SCOPE_EMBEDDING,)),
+    Method("CountTokens", Kind.UNARY),
+    Method("ListModels", Kind.UNARY),
+)
+# The OpenAI-compatible paths: a request may stream or not, so all get the streaming idle
+# allowance of a unary generation.
+OPENAI_PATHS = (
+    ("/v1/chat/completions", (SCOPE_COMPLETION,)),
+    ("/v1/completions", (SCOPE_COMPLETION,)),
+    ("/v1/embeddings", (SCOPE_EMBEDDING,)),
+)
+# Key administration authenticates the admin credential itself (ext_authz would strip it).
+AUTH_ADMIN_METHODS = ("CreateKey", "ListKeys", "RevokeKey", "RotateKey")
+# Billing trusts its callers: its admin methods need an admin of the admin tenant.
+BILLING_ADMIN_METHODS = (
+    Method("GetUsage", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
+    Method("GetBudget", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
+    Method("SetBudget", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
+    Method("ExportUsage", Kind.STREAM, (SCOPE_ADMIN,), rate_limited=False),
+)
+CACHE_ADMIN_METHODS = (
+    Method("Stats", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
+    Method("Invalidate", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
+)
+
+
+def grpc_path(service: str, method: str) -> str:
+    return f"/{service}/{method}"
+
+
+def retry_policy(retry_on: str, num_retries: int, per_try_timeout: str | None = None) -> Config:
+    """Fully jittered back-off from 50 ms, never the same host twice. `reset` is in the
+    idempotent set because a per-try timeout is only retried with reset/5xx/gateway-error."""
+    policy: Config = {
+        "retry_on": retry_on,
+        "num_retries": num_retries,
+        "retry_back_off": {"base_interval": "0.05s", "max_interval": "0.5s"},
+        "retry_host_predicate": [
+            {
+                "name": "envoy.retry_host_predicates.previous_hosts",
+                "typed_config": typed(
+                    "envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"
+                ),
+            }
+        ],
+        "host_selection_retry_max_attempts": 3,
+    }
+    if per_try_timeout is not None:
+        policy["per_try_timeout"] = per_try_timeout
+    return policy
+
+
+def _stream_duration(max_s: int) -> Config:
+    # Without grpc_timeout_header_max Envoy ignores the client's grpc-timeout for its timer.
+    return {"max_stream_duration": f"{max_s}s", "grpc_timeout_header_max": f"{max_s}s"}
+
+
+def route_action(cluster: str, kind: Kind, *, retry_on: str, unary_timeout_s: float = 15) -> Config:
+    """Timeouts by kind: streams and generations are free of the 15 s default route timeout."""
+    action: Config = {"cluster": cluster}
+    if kind is Kind.STREAM:
+        action |= {"timeout": "0s", "idle_timeout": "60s"}
+        action["max_stream_duration"] = _stream_duration(MAX_STREAM_S)
+        action["retry_policy"] = retry_policy(retry_on, 2)
+    elif kind is Kind.LONG_UNARY:
+        # Nothing flows until the answer is complete, so the idle timer spans the whole call.
+        action |= {"timeout": "0s", "idle_timeout": f"{MAX_STREAM_S}s"}
+        action["max_stream_duration"] = _stream_duration(MAX_STREAM_S)
+        action["retry_policy"] = retry_policy(retry_on, 2)
+    else:
+        action["timeout"] = f"{unary_timeout_s:g}s"
+        action["max_stream_duration"] = {"grpc_timeout_header_max": f"{unary_timeout_s:g}s"}
+        # A per-try timeout is only retried with `reset` in retry_on; without it, it would
+        # just cut the call short.
+        per_try = f"{unary_timeout_s / 3:g}s" if "reset" in retry_on.split(",") else None
+        action["retry_policy"] = retry_policy(retry_on, 2, per_try_timeout=per_try)
+    return action
+
+
+def authz_context(scopes: tuple[str, ...]) -> Config:
+    """ext_authz for a route: the scopes the credential must hold."""
+    check: Config = {}
+    if scopes:
+        check = {"context_extensions": {"required_scopes": " ".join(scopes)}}
+    settings = {"check_settings": check}  # the per-route override is a required oneof
+    return {
+        EXT_AUTHZ: typed("envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute", **settings)
+    }
+
+
+def authz_disabled() -> Config:
+    return {
+        EXT_AUTHZ: typed(
+            "envoy.extensions.filters.http.ext_authz.v3.ExtAuthzPerRoute", disabled=True
+        )
+    }
+
+
+def admin_tenant_only(tenant: str) -> Config:
+    """RBAC: only callers that ext_authz identified as the admin tenant."""
+    policy = {
+        "permissions": [{"any": True}],
+        "principals": [{"header": {"name": "x-tenant-id", "string_match": {"exact": tenant}}}],
+    }
+    rbac = {"rules": {"action": "ALLOW", "policies": {"admin-tenant": policy}}}
+    return {RBAC: typed("envoy.extensions.filters.http.rbac.v3.RBACPerRoute", rbac=rbac)}
+
+
+def rate_limits() -> list[Config]:
+    """Two descriptors charged independently by auth's RLS: the key's own requests-per-minute
+    and its tenant's. Both come from headers ext_authz set; without them the descriptor drops."""
+    tenant = {"request_headers": {"header_name": "x-tenant-id", "descriptor_key": "tenant"}}
+    key = {"request_headers": {"header_name": "x-key-id", "descriptor_key": "key_id"}}
+    return [{"actions": [tenant, key]}, {"actions": [tenant]}]
+
+
+def _route(match: Config, action: Config, per_filter: Config, name: str) -> Config:
+    route: Config = {"name": name, "match": match, "route": action}
+    if per_filter:
+        route["typed_per_filter_config"] = per_filter
+    return route
+
+
+def _edge_method_route(service: str, cluster: str, method: Method, per_filter: Config) -> Config:
+    retry_on = RETRY_IDEMPOTENT if method.kind is Kind.UNARY else RETRY_UNSTARTED
+    action = route_action(cluster, method.kind, retry_on=retry_on)
+    if method.rate_limited:
+        action["rate_limits"] = rate_limits()
+    return _route({"path": grpc_path(service, method.name)}, action, per_filter, method.name)
+
+
+def edge_routes(layout: Layout) -> list[Config]:
+    """The public surface: LLMService (gRPC and REST), the OpenAI paths, the admin services."""
+    routes: list[Config] = [
+        _route(
+            {"path": "/grpc.health.v1.Health/Check"},
+            {"cluster": "router", "timeout": "5s"},
+            authz_disabled(),
+            "health",
+        )
+    ]
+    for method in LLM_METHODS:
+        routes.append(
+            _edge_method_route(LLM_SERVICE, "router", method, authz_context(method.scopes))
+        )
+    routes.extend(_openai_routes())
+    routes.extend(_admin_routes(layout))
+    routes.append(
+        {
+            "name": "unknown",
+            "match": {"prefix": "/"},
+            "direct_response": {"status": 404, "body": {"inline_string": "no such route\n"}},
+        }
+    )
+    return routes
+
+
+def _openai_routes() -> list[Config]:
+    routes = []
+    for path, scopes in OPENAI_PATHS:
+        action = route_action("router_http", Kind.LONG_UNARY, retry_on=RETRY_UNSTARTED)
+        action["rate_limits"] = rate_limits()
+        routes.append(_route({"path": path}, action, authz_context(scopes), path))
+    models = route_action("router_http", Kind.UNARY, retry_on=RETRY_IDEMPOTENT)
+    models.pop("max_stream_duration")
+    routes.append(_route({"prefix": "/v1/models"}, models, authz_context(()), "/v1/models"))
+    # Anything else under /v1/ gets the listener's OpenAI-shaped 404.
+    other = route_action("router_http", Kind.UNARY, retry_on=RETRY_UNSTARTED)
+    other.pop("max_stream_duration")
+    routes.append(_route({"prefix": "/v1/"}, other, authz_context(()), "/v1/*"))
+    return routes
+
+
+def _admin_routes(layout: Layout) -> list[Config]:
+    routes = []
+    auth = SERVICES["auth"].grpc_service
+    for name in AUTH_ADMIN_METHODS:
+        action = route_action("auth", Kind.UNARY, retry_on=RETRY_UNSTARTED)
+        routes.append(_route({"path": grpc_path(auth, name)}, action, authz_disabled(), name))
+    admin_only = admin_tenant_only(layout.admin_tenant)
+    for service, methods in (("billing", BILLING_ADMIN_METHODS), ("cache", CACHE_ADMIN_METHODS)):
+        full = SERVICES[service].grpc_service
+        for method in methods:
+            per_filter = authz_context(method.scopes) | admin_only
+            routes.append(_edge_method_route(full, service, method, per_filter))
+    prices = Method("ListPrices", Kind.UNARY, rate_limited=False)
+    routes.append(
+        _edge_method_route(SERVICES["billing"].grpc_service, "billing", prices, authz_context(()))
+    )
+    return routes
+
+
+# Per-try timeouts of the router's dependencies: a cache that answers late is worse than a
+# miss; a tokenizer batch may take longer.
+MESH_UNARY_TIMEOUT_S = {"tokenizer": 10.0, "cache": 1.5, "billing": 6.0, "auth": 3.0}
+
+
+def mesh_routes(layout: Layout) -> list[Config]:
+    """What the router reaches through its mesh listener."""
+    inference = SERVICES["inference"].grpc_service
+    routes = _replica_routes(layout, inference)
+    for method, kind in (("Generate", Kind.STREAM), ("WatchLoad", Kind.STREAM)):
+        action = route_action("inference", kind, retry_on=RETRY_IDEMPOTENT)
+        routes.append(
+            _route({"path": grpc_path(inference, method)}, action, {}, f"inference-{method}")
+        )
+    balanced = route_action("inference", Kind.LONG_UNARY, retry_on=RETRY_IDEMPOTENT)
+    routes.append(_route({"prefix": f"/{inference}/"}, balanced, {}, "inference"))
+    for name, timeout_s in MESH_UNARY_TIMEOUT_S.items():
+        full = SERVICES[name].grpc_service
+        action = route_action(
+            name, Kind.UNARY, retry_on=RETRY_IDEMPOTENT, unary_timeout_s=timeout_s
+        )
+        routes.append(_route({"prefix": f"/{full}/"}, action, {}, name))
+    return routes
+
+
+def _replica_routes(layout: Layout, inference: str) -> list[Config]:
+    """The router's chosen replica (header present): no retries, it re-dispatches itself."""
+    has_header = [{"name": REPLICA_HEADER, "present_match": True}]
+    per_filter: Config = {}
+    if layout.replica_path is ReplicaPath.DYNAMIC_DNS:
+        per_filter[DYNAMIC_FORWARD_PROXY] = typed(
+            "envoy.extensions.filters.http.dynamic_forward_proxy.v3.PerRouteConfig",
+            host_rewrite_header=REPLICA_HEADER,
+        )
+    routes = []
+    for method in ("Generate", "WatchLoad"):
+        action: Config = {"cluster": REPLICA_CLUSTER, "timeout": "0s", "idle_timeout": "120s"}
+        action["max_stream_duration"] = _stream_duration(MAX_STREAM_S)
+        match = {"path": grpc_path(inference, method), "headers": has_header}
+        routes.append(_route(match, action, per_filter, f"replica-{method}"))
+    unary: Config = {"cluster": REPLICA_CLUSTER, "timeout": "120s"}
+    unary["max_stream_duration"] = {"grpc_timeout_header_max": "120s"}
+    match = {"prefix": f"/{inference}/", "headers": has_header}
+    routes.append(_route(match, unary, per_filter, "replica"))
+    return routes

@@ -1,0 +1,222 @@
+"""The settings that separate a mesh from a demo (see the Envoy 1.40 notes): stream timeouts,
+client deadlines, filter order, fail-closed auth, retries, outlier detection, panic threshold."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from llm_envoy import bootstrap, layouts
+from llm_envoy.clusters import REPLICA_CLUSTER
+from llm_envoy.filters import IDENTITY_HEADERS
+from llm_envoy.routes import LLM_METHODS, Kind
+from llm_envoy.topology import REPLICA_HEADER, Endpoint
+
+Config = dict[str, Any]
+
+
+def configs() -> dict[str, Config]:
+    local = layouts.local_layout(layouts.LocalPorts(), otlp=Endpoint("127.0.0.1", 4317))
+    found = {"local": bootstrap.local_config(local)}
+    found["k8s-edge"] = bootstrap.k8s_edge_config(layouts.k8s_edge_layout())
+    found["k8s-router"] = bootstrap.k8s_sidecar_config("router")
+    found["k8s-billing"] = bootstrap.k8s_sidecar_config("billing")
+    return found
+
+
+CONFIGS = configs()
+
+
+def hcms(config: Config) -> Iterator[tuple[str, Config]]:
+    for listener in config["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                yield listener["name"], f["typed_config"]
+
+
+def routes(config: Config, listener: str | None = None) -> Iterator[Config]:
+    for name, hcm in hcms(config):
+        if listener is None or name == listener:
+            for vhost in hcm["route_config"]["virtual_hosts"]:
+                yield from vhost["routes"]
+
+
+def clusters(config: Config) -> dict[str, Config]:
+    return {c["name"]: c for c in config["static_resources"]["clusters"]}
+
+
+def by_name(config: Config, listener: str) -> dict[str, Config]:
+    return {r["name"]: r for r in routes(config, listener) if "name" in r}
+
+
+@pytest.mark.parametrize("flavour", ["local", "k8s-edge"])
+def test_edge_filter_order(flavour: str) -> None:
+    for name, hcm in hcms(CONFIGS[flavour]):
+        if not name.startswith("edge"):
+            continue
+        order = [f["name"].removeprefix("envoy.filters.http.") for f in hcm["http_filters"]]
+        # Spoofed identity goes before ext_authz sets it; the rate limiter sees the gRPC route
+        # the transcoder produced; the router is last.
+        assert order.index("header_mutation") < order.index("ext_authz")
+        assert order.index("ext_authz") < order.index("grpc_json_transcoder")
+        assert order.index("grpc_json_transcoder") < order.index("ratelimit")
+        assert order[-1] == "router"
+        removed = {
+            m["remove"]
+            for f in hcm["http_filters"]
+            if f["name"] == "envoy.filters.http.header_mutation"
+            for m in f["typed_config"]["mutations"]["request_mutations"]
+        }
+        assert {*IDENTITY_HEADERS, REPLICA_HEADER} <= removed
+
+
+def edge_filter(name: str) -> Config:
+    _, hcm = next(hcms(CONFIGS["local"]))
+    return next(f["typed_config"] for f in hcm["http_filters"] if f["name"] == name)
+
+
+def test_auth_fails_closed_and_rate_limits_fail_open_as_resource_exhausted() -> None:
+    authz = edge_filter("envoy.filters.http.ext_authz")
+    assert authz["failure_mode_allow"] is False
+    limiter = edge_filter("envoy.filters.http.ratelimit")
+    assert limiter["rate_limited_as_resource_exhausted"] is True
+    assert limiter["failure_mode_deny"] is False
+    assert float(limiter["timeout"].removesuffix("s")) >= 0.1  # the 20 ms default is too tight
+
+
+def test_transcoder_streams_server_sent_events() -> None:
+    transcoder = edge_filter("envoy.filters.http.grpc_json_transcoder")
+    assert transcoder["print_options"]["stream_sse_style_delimited"] is True
+    assert transcoder["convert_grpc_status"] is True
+
+
+@pytest.mark.parametrize("flavour", list(CONFIGS))
+def test_no_route_keeps_the_15_second_default_timeout(flavour: str) -> None:
+    for route in routes(CONFIGS[flavour]):
+        if "route" in route:
+            assert "timeout" in route["route"], route.get("name", route["match"])
+
+
+def test_streams_and_generations_have_no_route_timeout_but_honour_grpc_timeout() -> None:
+    edge = by_name(CONFIGS["local"], "edge_http")
+    for method in LLM_METHODS:
+        action = edge[method.name]["route"]
+        duration = action["max_stream_duration"]
+        assert "grpc_timeout_header_max" in duration
+        if method.kind is not Kind.UNARY:
+            assert action["timeout"] == "0s"
+            assert "max_stream_duration" in duration
+    assert edge["ChatStream"]["route"]["idle_timeout"] == "60s"
+
+
+def test_generation_is_retried_only_when_it_cannot_have_started() -> None:
+    edge = by_name(CONFIGS["local"], "edge_http")
+    for name in ("Chat", "ChatStream", "Complete", "CompleteStream", "Embed"):
+        retry_on = set(edge[name]["route"]["retry_policy"]["retry_on"].split(","))
+        assert retry_on == {"connect-failure", "refused-stream"}
+
+
+@pytest.mark.parametrize("flavour", list(CONFIGS))
+def test_retries_back_off_with_jitter_and_per_try_timeouts_are_retryable(flavour: str) -> None:
+    for route in routes(CONFIGS[flavour]):
+        policy = route.get("route", {}).get("retry_policy")
+        if policy is None:
+            continue
+        assert policy["retry_back_off"]["base_interval"] == "0.05s"
+        assert policy["retry_host_predicate"][0]["name"].endswith("previous_hosts")
+        if "per_try_timeout" in policy:
+            # A per-try timeout is retried only with reset, 5xx or gateway-error in retry_on.
+            assert "reset" in policy["retry_on"].split(",")
+
+
+def test_the_chosen_replica_path_is_not_retried_by_the_mesh() -> None:
+    for flavour in ("local", "k8s-router"):
+        replica = [
+            r
+            for r in routes(CONFIGS[flavour], "mesh_outbound")
+            if r["route"]["cluster"] == REPLICA_CLUSTER
+        ]
+        assert len(replica) == 3
+        for route in replica:
+            assert "retry_policy" not in route["route"]
+            assert route["match"]["headers"] == [{"name": REPLICA_HEADER, "present_match": True}]
+
+
+@pytest.mark.parametrize("flavour", list(CONFIGS))
+def test_health_checked_clusters_eject_and_never_panic(flavour: str) -> None:
+    for name, cluster in clusters(CONFIGS[flavour]).items():
+        if "health_checks" not in cluster:
+            continue
+        assert cluster["common_lb_config"]["healthy_panic_threshold"] == {"value": 0}, name
+        outlier = cluster["outlier_detection"]
+        assert outlier["enforcing_consecutive_gateway_failure"] == 100, name
+        assert outlier["successful_active_health_check_uneject_host"] is False, name
+        thresholds = cluster["circuit_breakers"]["thresholds"][0]
+        assert thresholds["retry_budget"]["budget_percent"]["value"] == 20.0
+        (check,) = cluster["health_checks"]
+        assert check["grpc_health_check"]["service_name"].startswith("llmapi.")
+
+
+def test_local_mesh_reaches_chosen_replicas_by_original_destination() -> None:
+    replica = clusters(CONFIGS["local"])[REPLICA_CLUSTER]
+    assert replica["type"] == "ORIGINAL_DST"
+    assert replica["original_dst_lb_config"]["http_header_name"] == REPLICA_HEADER
+
+
+def test_kubernetes_mesh_is_mutual_tls_with_spiffe_identities() -> None:
+    router_sidecar = CONFIGS["k8s-router"]
+    for name in ("tokenizer", "billing", "inference", REPLICA_CLUSTER):
+        tls = clusters(router_sidecar)[name]["transport_socket"]["typed_config"]
+        (san,) = tls["common_tls_context"]["validation_context"]["match_typed_subject_alt_names"]
+        assert san["matcher"]["exact"].startswith("spiffe://llm.local/ns/llm/sa/")
+    inbound = next(
+        listener
+        for listener in CONFIGS["k8s-billing"]["static_resources"]["listeners"]
+        if listener["name"] == "mesh_inbound"
+    )
+    tls = inbound["filter_chains"][0]["transport_socket"]["typed_config"]
+    assert tls["require_client_certificate"] is True
+
+
+def test_billing_admin_surface_is_the_gateway_s_only_and_path_limited() -> None:
+    _, hcm = next(h for h in hcms(CONFIGS["k8s-billing"]) if h[0] == "mesh_inbound")
+    rbac = hcm["http_filters"][0]["typed_config"]["rules"]["policies"]
+    assert rbac["router"]["permissions"] == [{"any": True}]
+    prefixes = [
+        r["url_path"]["path"]["prefix"]
+        for r in rbac["gateway"]["permissions"][0]["or_rules"]["rules"]
+    ]
+    assert "/llmapi.billing.v1.BillingService/GetUsage" in prefixes
+    assert not any(p.endswith(("/Settle", "/Reserve", "/Release")) for p in prefixes)
+
+
+def test_admin_routes() -> None:
+    edge = by_name(CONFIGS["local"], "edge_http")
+    create_key = edge["CreateKey"]["typed_per_filter_config"]["envoy.filters.http.ext_authz"]
+    assert create_key["disabled"] is True  # auth checks the admin key itself
+    usage = edge["GetUsage"]["typed_per_filter_config"]
+    assert usage["envoy.filters.http.ext_authz"]["check_settings"]["context_extensions"] == {
+        "required_scopes": "admin"
+    }
+    principal = usage["envoy.filters.http.rbac"]["rbac"]["rules"]["policies"]["admin-tenant"][
+        "principals"
+    ]
+    assert principal == [{"header": {"name": "x-tenant-id", "string_match": {"exact": "system"}}}]
+    paths = [r["match"].get("path", "") for r in routes(CONFIGS["local"], "edge_http")]
+    assert not any(p.endswith(("/Settle", "/Reserve", "/ReserveTokens")) for p in paths)
+
+
+@pytest.mark.parametrize("flavour", list(CONFIGS))
+def test_admin_interface_stays_on_loopback(flavour: str) -> None:
+    assert CONFIGS[flavour]["admin"]["address"]["socket_address"]["address"] == "127.0.0.1"
+
+
+def test_openai_paths_go_through_ext_authz_with_scopes_and_rate_limits() -> None:
+    edge = by_name(CONFIGS["local"], "edge_http")
+    chat = edge["/v1/chat/completions"]
+    assert chat["route"]["cluster"] == "router_http"
+    context = chat["typed_per_filter_config"]["envoy.filters.http.ext_authz"]["check_settings"]
+    assert context["context_extensions"]["required_scopes"] == "completion:write"
+    assert chat["route"]["rate_limits"]

@@ -1,0 +1,66 @@
+"""Every rendered config passes `envoy --mode validate`, and the committed Kubernetes files
+are exactly what the renderer produces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llm_envoy import bootstrap, layouts, render
+from llm_envoy.descriptor import build_descriptor
+from llm_envoy.topology import SERVICES, Endpoint
+from llm_envoy.validate import validate
+
+from .conftest import K8S_ENVOY, PROTOS
+
+
+def check(config_text: str, workdir: Path, name: str) -> None:
+    path = workdir / name
+    path.write_text(config_text, encoding="utf-8")
+    verdict = validate(path, workdir)
+    assert verdict.ok, verdict.output[-3000:]
+    assert "Deprecated field" not in verdict.output, verdict.output[-3000:]
+
+
+@pytest.mark.parametrize("otlp", [None, Endpoint("127.0.0.1", 4317)], ids=["plain", "traced"])
+def test_local_flavour_validates(envoy_workdir: Path, otlp: Endpoint | None) -> None:
+    layout = layouts.local_layout(layouts.LocalPorts(), otlp=otlp)
+    config = render.render_local(layout, envoy_workdir, PROTOS)
+    verdict = validate(config, envoy_workdir)
+    assert verdict.ok, verdict.output[-3000:]
+    assert "Deprecated field" not in verdict.output
+
+
+@pytest.mark.parametrize("name", sorted(render.k8s_files()))
+def test_kubernetes_flavour_validates(envoy_workdir: Path, name: str) -> None:
+    check(render.k8s_files()[name], envoy_workdir, name)
+
+
+@pytest.mark.parametrize("name", sorted(render.k8s_files()))
+def test_committed_kubernetes_files_are_current(name: str) -> None:
+    committed = K8S_ENVOY / name
+    assert committed.is_file(), f"missing {committed}: run `python -m llm_envoy k8s`"
+    assert committed.read_text(encoding="utf-8") == render.k8s_files()[name], (
+        f"{committed} is stale: run `python -m llm_envoy k8s`"
+    )
+
+
+def test_committed_descriptor_is_current(tmp_path: Path) -> None:
+    fresh = build_descriptor(PROTOS, tmp_path / "llm.pb")
+    assert (K8S_ENVOY / render.K8S_DESCRIPTOR).read_bytes() == fresh.read_bytes()
+
+
+def test_a_broken_config_is_rejected(envoy_workdir: Path) -> None:
+    config = bootstrap.local_config(layouts.local_layout(layouts.LocalPorts()))
+    config["static_resources"]["clusters"][0]["lb_policy"] = "NO_SUCH_POLICY"
+    path = envoy_workdir / "broken.yaml"
+    path.write_text(bootstrap.to_yaml(config, "broken on purpose"), encoding="utf-8")
+    verdict = validate(path, envoy_workdir)
+    assert not verdict.ok
+    assert "NO_SUCH_POLICY" in verdict.output
+
+
+def test_one_sidecar_per_service() -> None:
+    names = set(render.k8s_files())
+    assert names == {render.K8S_EDGE, *(render.sidecar_file(s) for s in SERVICES)}

@@ -1,0 +1,169 @@
+"""`python -m llm_stack up|down|status`: behind `make up`, `make down` and `make status`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import grpc
+
+from llm_common.config import ConfigError
+from llm_stack import demo, probes
+from llm_stack.catalogue import local_replicas
+from llm_stack.config import StackConfig
+from llm_stack.credentials import ensure_credentials
+from llm_stack.process import pid_alive, pid_command, terminate_recorded
+from llm_stack.stack import Stack, StackError, render_envoy
+from llm_stack.state import StackState, clear_state, read_state
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DOWN_TIMEOUT_S = 90.0
+_log = logging.getLogger("llm_stack")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m llm_stack", description=__doc__)
+    parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="start everything, print the endpoints, run until Ctrl-C")
+    sub.add_parser("down", help="stop a running stack")
+    sub.add_parser("status", help="what runs and whether it is healthy")
+    sub.add_parser("prepare", help="secrets and Envoy config for infra/compose.yaml")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="llm-stack: %(message)s", stream=sys.stderr)
+    try:
+        config = StackConfig.from_env(args.root.resolve(), os.environ)
+    except ConfigError as exc:
+        print(f"llm-stack: configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    command = {"up": up, "down": down, "status": status, "prepare": prepare}[args.command]
+    try:
+        return command(config)
+    except BrokenPipeError:  # `make status | head`: the reader has what it wanted
+        return EXIT_OK
+
+
+def _running(config: StackConfig) -> StackState | None:
+    state = read_state(config.run_dir)
+    if state is None or not pid_alive(state.supervisor_pid):
+        return None
+    return state if "llm_stack" in pid_command(state.supervisor_pid) else None
+
+
+def up(config: StackConfig) -> int:
+    """Start, print the banner, supervise until SIGINT/SIGTERM, stop in order."""
+    if _running(config) is not None:
+        print(
+            "llm-stack: already running (see `make status`; `make down` stops it)", file=sys.stderr
+        )
+        return EXIT_FAILED
+    _reap_leftovers(config)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stack = Stack(config)
+    _log.info("starting (logs in %s)", config.run_dir / "logs")
+    started = time.monotonic()
+    try:
+        endpoints = stack.start()
+        assert stack.credentials is not None
+        key = demo.create_key(endpoints.edge_http, stack.credentials.admin_key)
+    except StackError as exc:
+        print(f"llm-stack: could not start: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except grpc.RpcError as err:
+        stack.stop()
+        print(
+            f"llm-stack: creating the demo key failed: {err.code().name}: {err.details()}",
+            file=sys.stderr,
+        )
+        return EXIT_FAILED
+    admin_file = str(stack.credentials.admin_key_file)
+    print(demo.banner(endpoints, key, admin_file, str(config.run_dir)), flush=True)
+    _log.info("healthy after %.1f s", time.monotonic() - started)
+    try:
+        stack.supervise(stop)
+    finally:
+        _log.info("stopping")
+        stack.stop()
+        _log.info("stopped")
+    return EXIT_OK
+
+
+def _reap_leftovers(config: StackConfig) -> None:
+    """Children of a supervisor that was killed outright would hold the ports."""
+    state = read_state(config.run_dir)
+    if state is None:
+        return
+    for record in reversed(state.processes):
+        if terminate_recorded(record.pid, record.command, grace_s=10):
+            _log.info("stopped leftover %s (pid %d)", record.name, record.pid)
+    clear_state(config.run_dir)
+
+
+def down(config: StackConfig) -> int:
+    """Ask the supervisor to stop everything and wait for it."""
+    state = _running(config)
+    if state is None:
+        _reap_leftovers(config)
+        print("llm-stack: not running")
+        return EXIT_OK
+    os.kill(state.supervisor_pid, signal.SIGTERM)
+    deadline = time.monotonic() + DOWN_TIMEOUT_S
+    while pid_alive(state.supervisor_pid) and time.monotonic() < deadline:
+        time.sleep(0.2)  # waiting on another session's process
+    if pid_alive(state.supervisor_pid):
+        print(
+            "llm-stack: the supervisor did not stop in time; stopping its children", file=sys.stderr
+        )
+        _reap_leftovers(config)
+        return EXIT_FAILED
+    print("llm-stack: stopped")
+    return EXIT_OK
+
+
+def status(config: StackConfig) -> int:
+    """One line per process: pid, health, log; exit 1 when something is down."""
+    state = _running(config)
+    if state is None:
+        print("llm-stack: not running")
+        return EXIT_FAILED
+    print(f"supervisor pid {state.supervisor_pid}, started {state.started_at}")
+    healthy = True
+    for record in state.processes:
+        alive = pid_alive(record.pid)
+        if record.grpc_port:
+            ok = alive and probes.grpc_serving(
+                f"127.0.0.1:{record.grpc_port}", record.health_service
+            )
+            port = f":{record.grpc_port}"
+        elif record.name == "envoy":
+            ok = alive and probes.envoy_ready(state.endpoints.get("admin", ""))
+            port = f"@{state.endpoints.get('edge_http', '')}"
+        else:
+            ok, port = alive, ""
+        healthy &= ok
+        word = "healthy" if ok else ("UNHEALTHY" if alive else "DOWN")
+        print(f"  {record.name + port:<24} pid {record.pid:<8} {word:<10} {record.log}")
+    return EXIT_OK if healthy else EXIT_FAILED
+
+
+def prepare(config: StackConfig) -> int:
+    """What infra/compose.yaml mounts: the secrets and the one-host Envoy directory."""
+    credentials = ensure_credentials(config.run_dir / "secrets")
+    render_envoy(config, local_replicas(config.models_config))
+    print(
+        f"secrets in {credentials.pepper_file.parent}; Envoy config in {config.run_dir / 'envoy'}"
+    )
+    print(f"admin API key: {credentials.admin_key_file}")
+    return EXIT_OK

@@ -1,0 +1,127 @@
+"""The processes of the stack: each service's command and environment, and Envoy's."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from llm_envoy.topology import SERVICES
+from llm_envoy.validate import envoy_binary
+from llm_stack.catalogue import LocalReplica
+from llm_stack.config import StackConfig
+from llm_stack.credentials import Credentials
+from llm_stack.process import ProcessSpec
+
+# Inherited variables that would change how a service behaves are not passed on.
+_DROPPED = ("GRPC_PORT", "METRICS_PORT", "OTEL_EXPORTER_OTLP_ENDPOINT", "REDIS_URL")
+
+
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """What every service spec needs."""
+
+    config: StackConfig
+    redis_url: str
+    models_config: Path  # the run directory's copy, with the bound replica ports
+    credentials: Credentials
+
+    @property
+    def mesh(self) -> str:
+        return f"127.0.0.1:{self.config.ports.envoy.mesh}"
+
+
+def base_env(config: StackConfig) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _DROPPED}
+    env |= {"PYTHONUNBUFFERED": "1", "LOG_LEVEL": config.log_level}
+    if config.otlp is not None:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{config.otlp}"
+    return env
+
+
+def _service(
+    shared: Shared, name: str, module: str, grpc_port: int, extra: Mapping[str, str]
+) -> ProcessSpec:
+    c = shared.config
+    metrics_port = c.ports.metrics_port(name, grpc_port)
+    env = base_env(c) | {"GRPC_PORT": str(grpc_port), "METRICS_PORT": str(metrics_port)}
+    env |= {"MODELS_CONFIG": str(shared.models_config), "MODEL_ROOT": str(c.model_root)}
+    env |= dict(extra)
+    service = "inference" if module == "llm_inference" else name
+    return ProcessSpec(
+        name=name,
+        argv=[sys.executable, "-m", module],
+        env=env,
+        cwd=c.root,
+        log=c.run_dir / "logs" / f"{name}.log",
+        grpc_port=grpc_port,
+        metrics_port=metrics_port,
+        health_service=SERVICES[service].grpc_service,
+    )
+
+
+def core_specs(shared: Shared) -> list[ProcessSpec]:
+    """auth, tokenizer, cache, billing and the router (which reaches them through the mesh)."""
+    c, prefix = shared.config, shared.config.redis_prefix
+    grpc = c.ports.envoy.grpc
+    redis = {"REDIS_URL": shared.redis_url}
+    extra: dict[str, dict[str, str]] = {
+        "auth": redis
+        | {
+            "AUTH_PEPPER_FILE": str(shared.credentials.pepper_file),
+            "AUTH_BOOTSTRAP_ADMIN_KEY_FILE": str(shared.credentials.admin_key_file),
+            "AUTH_ADMIN_TENANT": c.admin_tenant,
+            "AUTH_REDIS_PREFIX": f"{prefix}auth:",
+        },
+        "tokenizer": {},
+        # One encoder thread: the host's cores are shared by every process of the stack.
+        "cache": redis
+        | {"CACHE_KEY_PREFIX": f"{prefix}llmcache:", "CACHE_ENCODER_THREADS": "1"}
+        | {"OMP_NUM_THREADS": "1"},
+        "billing": redis
+        | {"PRICES_CONFIG": str(c.prices_config), "BILLING_KEY_PREFIX": f"{prefix}billing:"},
+        "router": {
+            "TOKENIZER_SERVICE_ADDR": shared.mesh,
+            "CACHE_SERVICE_ADDR": shared.mesh,
+            "BILLING_SERVICE_ADDR": shared.mesh,
+            "AUTH_SERVICE_ADDR": shared.mesh,
+            "INFERENCE_MESH_ADDR": shared.mesh,
+            "ROUTER_POLICIES": str(c.policies_config),
+            "ROUTER_OUTBOX_DIR": str(c.run_dir / "router-outbox"),
+            "ROUTER_HTTP_PORT": str(c.ports.envoy.router_http),
+        },
+    }
+    return [_service(shared, name, f"llm_{name}", grpc[name], extra[name]) for name in extra]
+
+
+def replica_spec(shared: Shared, replica: LocalReplica) -> ProcessSpec:
+    """One inference process; torch gets one thread, as replicas share the host's cores."""
+    port = shared.config.ports.replica_port(replica.port)
+    extra = {
+        "INFERENCE_MODEL": replica.model,
+        "REPLICA_ID": f"127.0.0.1:{port}",
+        "OMP_NUM_THREADS": "1",
+    }
+    return _service(shared, replica.name, "llm_inference", port, extra)
+
+
+def envoy_spec(config: StackConfig, workdir: Path) -> ProcessSpec:
+    """Envoy in its working directory (certs/, proto/, logs/ beside envoy.yaml)."""
+    argv = [
+        str(envoy_binary()),
+        "-c", "envoy.yaml",
+        "--disable-hot-restart",
+        "--log-level", "warn",
+        "--drain-time-s", "2",
+        "--concurrency", "2",
+    ]  # fmt: skip
+    return ProcessSpec(
+        name="envoy",
+        argv=argv,
+        env=base_env(config),
+        cwd=workdir,
+        log=config.run_dir / "logs" / "envoy.log",
+        grace_s=10.0,
+    )

@@ -1,0 +1,1 @@
+"""Cache service: exact and semantic response cache with tenant isolation."""

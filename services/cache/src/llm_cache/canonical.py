@@ -1,0 +1,135 @@
+"""Canonical request identity: the exact key, the semantic namespace and the text to embed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import unicodedata
+from dataclasses import dataclass
+
+import numpy as np
+
+from llmapi.cache.v1 import cache_service_pb2 as pb
+from llmapi.common.v1 import common_pb2
+
+_SPACE = re.compile(r"\s+")
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class RequestKey:
+    """Everything the cache derives from one CacheKey.
+
+    `entry_id` is the exact key: a digest over tenant, model, the canonical prompt and every
+    output-changing sampling parameter. `namespace` scopes semantic matching to one tenant,
+    model, parameter class and conversation context; `semantic_text` is what gets embedded.
+    """
+
+    tenant: str
+    model: str
+    entry_id: str
+    namespace: str
+    deterministic: bool
+    replayable: bool  # False when the response would carry data a cache entry lacks
+    semantic_text: str | None
+
+
+def request_key(key: pb.CacheKey) -> RequestKey:
+    """The canonical identity of a validated CacheKey."""
+    params, deterministic = _canonical_params(key.sampling)
+    context, semantic_text = _semantic_parts(key)
+    exact = _digest(b"exact/v1", key.tenant_id, key.model, _prompt_bytes(key), params)
+    namespace = _digest(b"ns/v1", key.tenant_id, key.model, params, context)
+    return RequestKey(
+        tenant=key.tenant_id,
+        model=key.model,
+        entry_id=exact,
+        namespace=namespace,
+        deterministic=deterministic,
+        replayable=not key.sampling.logprobs,
+        semantic_text=semantic_text,
+    )
+
+
+def tenant_tag(tenant: str) -> str:
+    """The tenant's Redis hash tag: a digest, so any tenant id is a safe key part."""
+    return _digest(b"tenant/v1", tenant)[:16]
+
+
+def model_tag(model: str) -> str:
+    """A model's digest for Redis key names."""
+    return _digest(b"model/v1", model)[:16]
+
+
+def pair_digest(namespace: str, semantic_text: str) -> str:
+    """Identity of a semantic query, for blocking (query, entry) pairs after Feedback."""
+    return _digest(b"query/v1", namespace, normalise(semantic_text))
+
+
+def normalise(text: str) -> str:
+    """NFC, whitespace runs collapsed, ends stripped."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFC", text)).strip()
+
+
+def _digest(*parts: str | bytes) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        data = part.encode("utf-8") if isinstance(part, str) else part
+        # Length-prefixed, so ("ab", "c") and ("a", "bc") never collide.
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def _canonical_params(s: common_pb2.SamplingParams) -> tuple[bytes, bool]:
+    """The output-changing parameters as canonical bytes, and whether output is deterministic.
+
+    Greedy decoding (temperature 0) ignores top_p, top_k and seed, so they are left out and
+    greedy requests that differ only there share entries.
+    """
+    temperature = s.temperature if s.HasField("temperature") else DEFAULT_TEMPERATURE
+    params: dict[str, object] = {
+        "temperature": float(np.float32(temperature)),
+        "max_tokens": s.max_tokens if s.HasField("max_tokens") else None,
+        "stop": sorted(set(s.stop)),
+        "stop_token_ids": sorted(set(s.stop_token_ids)),
+        "ignore_eos": s.ignore_eos,
+    }
+    greedy = temperature == 0.0
+    if not greedy:
+        params["top_p"] = float(np.float32(s.top_p if s.HasField("top_p") else DEFAULT_TOP_P))
+        params["top_k"] = s.top_k
+        params["seed"] = s.seed if s.HasField("seed") else None
+    encoded = json.dumps(params, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return encoded, greedy or s.HasField("seed")
+
+
+def _prompt_bytes(key: pb.CacheKey) -> bytes:
+    """Token ids when given (the exact prompt); else the messages; else the raw prompt."""
+    if key.prompt_token_ids:
+        return b"ids:" + np.asarray(key.prompt_token_ids, dtype="<i4").tobytes()
+    if key.messages:
+        turns = [
+            [m.role, unicodedata.normalize("NFC", m.name), unicodedata.normalize("NFC", m.content)]
+            for m in key.messages
+        ]
+        return b"chat:" + json.dumps(turns, ensure_ascii=False).encode("utf-8")
+    return b"text:" + unicodedata.normalize("NFC", key.prompt).encode("utf-8")
+
+
+def _semantic_parts(key: pb.CacheKey) -> tuple[str, str | None]:
+    """(context, text to embed). A chat matches semantically only on its last user message,
+    and only against entries with the same earlier conversation (system prompt and turns):
+    "how old is he?" after two different conversations must not share an answer."""
+    if key.messages:
+        *earlier, last = key.messages
+        context = json.dumps(
+            [[m.role, normalise(m.name), normalise(m.content).casefold()] for m in earlier],
+            ensure_ascii=False,
+        )
+        text = normalise(last.content) if last.role == common_pb2.ROLE_USER else ""
+        return "chat:" + context, text or None
+    text = normalise(key.prompt)
+    return "text:", text or None

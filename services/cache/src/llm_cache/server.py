@@ -1,0 +1,152 @@
+"""Wiring: Redis clients, the encoder and semantic engine, the index sync task, and
+CacheService on llm_common's server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import grpc
+import redis.asyncio as aioredis
+import torch
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from llm_cache.cache import ResponseCache
+from llm_cache.config import RedisSettings, SemanticSettings, Settings
+from llm_cache.encoder import Encoder, EncoderLoadError, default_model_dir
+from llm_cache.index import VectorIndex
+from llm_cache.metrics import CacheMetrics, default_cache_metrics
+from llm_cache.semantic import SemanticEngine
+from llm_cache.service import CacheServicer
+from llm_cache.stats import Stats
+from llm_cache.store import RedisStore
+from llm_cache.sync import IndexSync
+from llm_common import server as common_server
+from llm_common.config import ConfigError
+from llm_common.resilience import AsyncBreaker, BreakerMetrics
+from llm_common.server import BuiltServer, ServiceSpec
+from llmapi.cache.v1 import cache_service_pb2 as pb
+from llmapi.cache.v1 import cache_service_pb2_grpc as pb_grpc
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
+BREAKER_NAME = "cache-redis"
+_FOLLOW_TIMEOUT_S = 5.0  # the follower's XREAD blocks for 1 s
+
+
+def redis_client(settings: RedisSettings, *, timeout_s: float | None = None) -> aioredis.Redis:
+    """A client that fails fast: short timeouts and no retries (the breaker decides)."""
+    timeout = settings.timeout_s if timeout_s is None else timeout_s
+    return aioredis.Redis.from_url(
+        settings.url,
+        socket_timeout=timeout,
+        socket_connect_timeout=settings.timeout_s,
+        retry=Retry(NoBackoff(), 0),
+    )
+
+
+def load_encoder(settings: SemanticSettings) -> Encoder:
+    """The configured encoder; ConfigError (naming CACHE_ENCODER_DIR) when it cannot load."""
+    try:
+        return Encoder(settings.model_dir or default_model_dir())
+    except (EncoderLoadError, OSError, ImportError) as exc:
+        raise ConfigError.for_variable("CACHE_ENCODER_DIR", str(exc)) from exc
+
+
+class CacheApp:
+    """Owns everything with a lifetime: Redis clients, the semantic worker, the sync task."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        encoder: Encoder | None,
+        *,
+        metrics: CacheMetrics | None = None,
+        breaker_metrics: BreakerMetrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or default_cache_metrics()
+        self._client = redis_client(settings.redis)
+        self._follower = redis_client(settings.redis, timeout_s=_FOLLOW_TIMEOUT_S)
+        breaker = AsyncBreaker(
+            BREAKER_NAME,
+            fail_max=settings.redis.breaker_fail_max,
+            reset_timeout_s=settings.redis.breaker_reset_s,
+            metrics=breaker_metrics,
+        )
+        self.store = RedisStore(self._client, settings.redis, settings.policy, breaker)
+        self.engine = _engine(settings.semantic, encoder)
+        self.sync = (
+            IndexSync(
+                self.store, self.engine, self._follower, settings.redis.key_prefix, self.metrics
+            )
+            if self.engine is not None
+            else None
+        )
+        self.cache = ResponseCache(
+            self.store,
+            self.engine,
+            self.sync,
+            semantic=settings.semantic,
+            policy=settings.policy,
+            stats=Stats(),
+            metrics=self.metrics,
+        )
+        self._sync_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the semantic worker and the index rebuild/follow task. Does not wait for
+        Redis: the service serves (exact hits, misses) while the index warms up."""
+        if self.engine is not None and self.sync is not None:
+            self.engine.start()
+            self._sync_task = asyncio.create_task(self.sync.run(), name="index-sync")
+
+    async def close(self) -> None:
+        if self._sync_task is not None:
+            self._sync_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sync_task
+        if self.engine is not None:
+            await self.engine.close()
+        await self._client.aclose()
+        await self._follower.aclose()
+
+
+def _engine(settings: SemanticSettings, encoder: Encoder | None) -> SemanticEngine | None:
+    if not settings.enabled or encoder is None:
+        return None
+    index = VectorIndex(
+        encoder.dim,
+        max_vectors=settings.max_vectors,
+        prefilter_min_rows=settings.prefilter_min_rows,
+        prefilter_keep=settings.prefilter_keep,
+    )
+    return SemanticEngine(encoder, index, max_batch=settings.max_batch)
+
+
+def build_spec(app: CacheApp) -> ServiceSpec:
+    """The ServiceSpec for llm_common.server: CacheService over `app`."""
+    servicer = CacheServicer(app.cache, app.settings.limits, app.settings.policy)
+
+    def register(server: grpc.aio.Server) -> None:
+        pb_grpc.add_CacheServiceServicer_to_server(servicer, server)
+
+    return ServiceSpec(
+        service_names=(SERVICE_NAME,), register=register, on_start=app.start, on_stop=app.close
+    )
+
+
+async def serve(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[BuiltServer], None] | None = None,
+) -> None:
+    """Load the encoder, then serve until SIGTERM/SIGINT (or `stop`)."""
+    encoder = None
+    if settings.semantic.enabled:
+        torch.set_num_threads(settings.semantic.encoder_threads)
+        encoder = await asyncio.to_thread(load_encoder, settings.semantic)
+    app = CacheApp(settings, encoder)
+    await common_server.serve(settings.server, build_spec(app), stop=stop, ready=ready)

@@ -1,0 +1,1 @@
+"""The router service: the public LLMService — validation, admission, routing, guard, settlement."""

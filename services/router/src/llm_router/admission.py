@@ -1,0 +1,202 @@
+"""Admission: reserve the worst case — tokens per minute at auth, cost at billing — before any
+work is dispatched, degrading per policy when either cannot be reached."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+
+from llm_common.errors import (
+    FailedPrecondition,
+    NotFound,
+    PermissionDenied,
+    QuotaExceeded,
+    Unavailable,
+)
+from llm_common.logging import get_logger
+from llm_router.clients import BillingClient, QuotaClient
+from llm_router.identity import Caller
+from llm_router.observability import RouterMetrics
+from llm_router.policies import AdmissionPolicy
+from llm_router.settlement import Admission, Outcome, Settler
+from llmapi.billing.v1 import billing_service_pb2 as billing_pb
+from llmapi.common.v1 import common_pb2
+
+_log = get_logger(__name__)
+NOTHING = Outcome(0, 0, 0, common_pb2.FINISH_REASON_UNSPECIFIED, produced=False)
+
+
+def billing_id(caller: Caller, client_request_id: str, fingerprint: bytes) -> str:
+    """The idempotency id at billing and auth for one request.
+
+    A client's request_id makes retries of the *same* request idempotent: the id hashes the
+    tenant, key, client id and the request itself, so re-using an id for a different request
+    is billed again instead of riding on the first one. Without a client id every call is
+    billed on its own (a fresh id).
+    """
+    if not client_request_id:
+        return "r" + uuid.uuid4().hex
+    h = hashlib.blake2b(digest_size=16)
+    for part in (caller.tenant_id, caller.key_id, client_request_id):
+        h.update(part.encode("utf-8") + b"\0")
+    h.update(fingerprint)
+    return "i" + h.hexdigest()
+
+
+class RefusalMemo:
+    """Callers refused recently (quota or budget), until their RetryInfo says to come back.
+
+    The pipeline overlaps admission with the start of generation; for these callers it does
+    not, so a client hammering past its limit cannot make replicas prefill for nothing.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_entries: int = 100_000,
+        max_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._until: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_s = max_s
+        self._clock = clock
+
+    def refused(self, caller: Caller, retry_after_s: float | None) -> None:
+        key = (caller.tenant_id, caller.key_id)
+        self._until[key] = self._clock() + min(retry_after_s or 1.0, self._max_s)
+        self._until.move_to_end(key)
+        while len(self._until) > self._max_entries:
+            self._until.popitem(last=False)
+
+    def recent(self, caller: Caller) -> bool:
+        until = self._until.get((caller.tenant_id, caller.key_id))
+        return until is not None and self._clock() < until
+
+
+class Admitter:
+    """Reserves quota and budget (concurrently); on refusal nothing stays reserved."""
+
+    def __init__(
+        self,
+        quota: QuotaClient | None,
+        billing: BillingClient,
+        settler: Settler,
+        metrics: RouterMetrics,
+        *,
+        quota_fail_open: bool,
+        refusals: RefusalMemo | None = None,
+    ) -> None:
+        self._quota = quota
+        self._billing = billing
+        self._settler = settler
+        self._metrics = metrics
+        self._quota_fail_open = quota_fail_open
+        self.refusals = refusals or RefusalMemo()
+
+    async def admit(
+        self,
+        *,
+        request_id: str,
+        caller: Caller,
+        model: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        policy: AdmissionPolicy,
+    ) -> Admission:
+        """Reserve prompt_tokens + max_tokens; RESOURCE_EXHAUSTED over a limit or budget.
+
+        If the caller goes away meanwhile, what was reserved is given back once the
+        reservations answer (they run on, shielded, so none is left behind).
+        """
+        admission = Admission(
+            billing_id=request_id,
+            tenant_id=caller.tenant_id,
+            key_id=caller.key_id,
+            billing_key_id=caller.billing_key_id,
+            model=model,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            quota_tokens=0,
+            billing_reserved=False,
+            admitted_at_s=time.time(),
+        )
+        task = asyncio.ensure_future(self._reserve(admission, caller, policy))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(self._give_back)
+            raise
+        except QuotaExceeded as refusal:
+            self.refusals.refused(caller, refusal.retry_after_s)
+            raise
+
+    def _give_back(self, task: asyncio.Future[Admission]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._settler.submit(task.result(), NOTHING)
+
+    async def _reserve(
+        self, admission: Admission, caller: Caller, policy: AdmissionPolicy
+    ) -> Admission:
+        tokens = admission.prompt_tokens + admission.max_tokens
+        quota, budget = await asyncio.gather(
+            self._reserve_quota(admission.billing_id, caller, tokens),
+            self._reserve_budget(admission, policy),
+            return_exceptions=True,
+        )
+        held = dataclasses.replace(
+            admission,
+            quota_tokens=quota if isinstance(quota, int) else 0,
+            billing_reserved=budget is True,
+        )
+        error = next((r for r in (quota, budget) if isinstance(r, BaseException)), None)
+        if error is not None:
+            if held.quota_tokens or held.billing_reserved:
+                self._settler.submit(held, NOTHING)  # refund / release what was granted
+            raise error
+        return held
+
+    async def _reserve_quota(self, request_id: str, caller: Caller, tokens: int) -> int:
+        if self._quota is None or not caller.key_id:
+            return 0
+        try:
+            held = await self._quota.reserve(caller.tenant_id, caller.key_id, tokens, request_id)
+        except NotFound:
+            raise PermissionDenied(
+                "the API key no longer exists", reason="API_KEY_INVALID"
+            ) from None
+        except Unavailable:
+            if not self._quota_fail_open:
+                raise
+            self._metrics.degraded.labels("auth", "admitted_unchecked").inc()
+            _log.warning("token quota unavailable: admitted without a check")
+            return 0
+        return tokens if held else 0
+
+    async def _reserve_budget(self, admission: Admission, policy: AdmissionPolicy) -> bool:
+        request = billing_pb.ReserveRequest(
+            request_id=admission.billing_id,
+            tenant_id=admission.tenant_id,
+            key_id=admission.billing_key_id,
+            model=admission.model,
+            prompt_tokens=admission.prompt_tokens,
+            max_completion_tokens=admission.max_tokens,
+        )
+        try:
+            await self._billing.reserve(request)
+        except QuotaExceeded:
+            raise
+        except NotFound:
+            raise FailedPrecondition(f"model {admission.model!r} has no price") from None
+        except Unavailable:
+            if policy.billing_unavailable != "admit":
+                raise
+            self._metrics.degraded.labels("billing", "admitted_unreserved").inc()
+            _log.warning("billing unavailable: admitted, usage goes to the outbox")
+            return False
+        return True

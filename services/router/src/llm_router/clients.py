@@ -1,0 +1,302 @@
+"""Typed clients of the services the router calls: per-call deadlines, breakers, domain errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TypeVar
+
+import grpc
+
+from llm_common.channels import make_channel
+from llm_common.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    QuotaExceeded,
+)
+from llm_common.resilience import AsyncBreaker, BreakerOpen
+from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error, is_client_error
+from llm_router.load import LoadSnapshot
+from llmapi.auth.v1 import auth_service_pb2 as auth_pb
+from llmapi.auth.v1 import auth_service_pb2_grpc as auth_grpc
+from llmapi.billing.v1 import billing_service_pb2 as billing_pb
+from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
+from llmapi.cache.v1 import cache_service_pb2 as cache_pb
+from llmapi.cache.v1 import cache_service_pb2_grpc as cache_grpc
+from llmapi.common.v1 import common_pb2
+from llmapi.inference.v1 import inference_service_pb2 as inf_pb
+from llmapi.inference.v1 import inference_service_pb2_grpc as inf_grpc
+from llmapi.tokenizer.v1 import tokenizer_service_pb2 as tok_pb
+from llmapi.tokenizer.v1 import tokenizer_service_pb2_grpc as tok_grpc
+
+T = TypeVar("T")
+# Business answers, not faults: they never trip a breaker.
+BUSINESS_ERRORS = (QuotaExceeded, InvalidArgument, NotFound, PermissionDenied, FailedPrecondition)
+
+
+async def _call(service: str, fn: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return await fn()
+    except grpc.aio.AioRpcError as err:
+        raise from_rpc_error(err, service) from None
+
+
+async def _guarded(breaker: AsyncBreaker | None, service: str, fn: Callable[[], Awaitable[T]]) -> T:
+    if breaker is None:
+        return await _call(service, fn)
+    try:
+        return await breaker.call(_call, service, fn)
+    except BreakerOpen:
+        raise DependencyUnavailable(service) from None
+
+
+def new_breaker(name: str, *, fail_max: int, reset_s: float) -> AsyncBreaker:
+    """A breaker that counts outages and timeouts, not business refusals."""
+    return AsyncBreaker(name, fail_max=fail_max, reset_timeout_s=reset_s, exclude=BUSINESS_ERRORS)
+
+
+class TokenizerClient:
+    """llmapi.tokenizer.v1: the exact prompt tokens. No breaker: without it nothing is admitted."""
+
+    service = "tokenizer"
+
+    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
+        self._stub = tok_grpc.TokenizerServiceStub(channel)
+        self._timeout_s = timeout_s
+
+    async def chat_prompt(
+        self, model: str, messages: Sequence[common_pb2.ChatMessage]
+    ) -> list[int]:
+        """Token ids of the templated conversation, ending with the assistant's turn marker."""
+        request = tok_pb.ApplyChatTemplateRequest(
+            model=model, messages=messages, add_generation_prompt=True
+        )
+        response = await _call(
+            self.service, lambda: self._stub.ApplyChatTemplate(request, timeout=self._timeout_s)
+        )
+        return list(response.token_ids)
+
+    async def encode(self, model: str, text: str) -> list[int]:
+        """Token ids of a raw prompt, with the tokenizer's special tokens (BOS)."""
+        request = tok_pb.EncodeRequest(model=model, texts=[text], add_special_tokens=True)
+        response = await _call(
+            self.service, lambda: self._stub.Encode(request, timeout=self._timeout_s)
+        )
+        return list(response.encodings[0].ids)
+
+
+class QuotaClient:
+    """Tokens-per-minute reservations at the auth service."""
+
+    service = "auth"
+
+    def __init__(
+        self, channel: grpc.aio.Channel, timeout_s: float, breaker: AsyncBreaker | None
+    ) -> None:
+        self._stub = auth_grpc.AuthServiceStub(channel)
+        self._timeout_s = timeout_s
+        self._breaker = breaker
+
+    async def reserve(self, tenant: str, key: str, tokens: int, reservation_id: str) -> bool:
+        """Hold `tokens`; RESOURCE_EXHAUSTED (QuotaExceeded) over the key's limit.
+
+        False when nothing was actually held (the key is unlimited, or auth's limiter was
+        down and it failed open): then there is nothing to refund later either.
+        """
+        request = auth_pb.ReserveTokensRequest(
+            tenant_id=tenant, key_id=key, tokens=tokens, reservation_id=reservation_id
+        )
+        response = await _guarded(
+            self._breaker,
+            self.service,
+            lambda: self._stub.ReserveTokens(request, timeout=self._timeout_s),
+        )
+        return response.limit > 0 and response.enforced
+
+    async def refund(
+        self, tenant: str, key: str, reservation_id: str, tokens: int, timeout_s: float
+    ) -> None:
+        """Give back `tokens` of a reservation (idempotent per reservation)."""
+        request = auth_pb.RefundTokensRequest(
+            tenant_id=tenant, key_id=key, reservation_id=reservation_id, tokens=tokens
+        )
+        await _guarded(
+            self._breaker, self.service, lambda: self._stub.RefundTokens(request, timeout=timeout_s)
+        )
+
+
+class BillingClient:
+    """Two-phase metering at the billing service."""
+
+    service = "billing"
+
+    def __init__(
+        self, channel: grpc.aio.Channel, timeout_s: float, breaker: AsyncBreaker | None
+    ) -> None:
+        self._stub = billing_grpc.BillingServiceStub(channel)
+        self._timeout_s = timeout_s
+        self._breaker = breaker
+
+    async def reserve(self, request: billing_pb.ReserveRequest) -> billing_pb.ReserveResponse:
+        """Hold the worst-case cost; QuotaExceeded over a hard budget."""
+        return await _guarded(
+            self._breaker,
+            self.service,
+            lambda: self._stub.Reserve(request, timeout=self._timeout_s),
+        )
+
+    async def settle(
+        self, request: billing_pb.SettleRequest, timeout_s: float
+    ) -> billing_pb.SettleResponse:
+        """Record the actual usage (idempotent by request id)."""
+        return await _guarded(
+            self._breaker, self.service, lambda: self._stub.Settle(request, timeout=timeout_s)
+        )
+
+    async def release(self, request_id: str, tenant_id: str, timeout_s: float) -> bool:
+        """Cancel a reservation that produced nothing."""
+        request = billing_pb.ReleaseRequest(request_id=request_id, tenant_id=tenant_id)
+        response = await _guarded(
+            self._breaker, self.service, lambda: self._stub.Release(request, timeout=timeout_s)
+        )
+        return response.released
+
+
+class CacheClient:
+    """The response cache; callers treat its failures as misses."""
+
+    service = "cache"
+
+    def __init__(
+        self, channel: grpc.aio.Channel, timeout_s: float, breaker: AsyncBreaker | None
+    ) -> None:
+        self._stub = cache_grpc.CacheServiceStub(channel)
+        self._timeout_s = timeout_s
+        self._breaker = breaker
+
+    async def lookup(self, request: cache_pb.LookupRequest) -> cache_pb.LookupResponse:
+        return await _guarded(
+            self._breaker, self.service, lambda: self._stub.Lookup(request, timeout=self._timeout_s)
+        )
+
+    async def store(self, request: cache_pb.StoreRequest, timeout_s: float) -> bool:
+        response = await _guarded(
+            self._breaker, self.service, lambda: self._stub.Store(request, timeout=timeout_s)
+        )
+        return response.stored
+
+
+class ReplicaChannels:
+    """How to reach a replica: directly (a channel per address) or through the mesh (one
+    channel to Envoy, the replica named in a header for its ORIGINAL_DST cluster).
+
+    Channels are made without gRPC-level retries: the router re-dispatches to another
+    replica itself, and a hop must not be retried at two layers.
+    """
+
+    def __init__(self, *, mesh_addr: str | None = None, mesh_header: str = "") -> None:
+        self._mesh_addr = mesh_addr
+        self._mesh_header = mesh_header
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def stub(
+        self, replica: str
+    ) -> tuple[inf_grpc.InferenceServiceAsyncStub, tuple[tuple[str, str], ...]]:
+        """The stub to call and the metadata that routes the call to `replica`."""
+        if self._mesh_addr is not None:
+            return self._stub_for(self._mesh_addr), ((self._mesh_header, replica),)
+        return self._stub_for(replica), ()
+
+    def _stub_for(self, target: str) -> inf_grpc.InferenceServiceAsyncStub:
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = make_channel(target, retry_unavailable=False)
+        return inf_grpc.InferenceServiceStub(channel)
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close()
+
+
+class GenerateCall:
+    """One Generate stream on one replica; failures become ReplicaFailed or client errors."""
+
+    def __init__(
+        self,
+        replica: str,
+        call: grpc.aio.UnaryStreamCall[inf_pb.GenerateRequest, inf_pb.GenerateResponse],
+    ) -> None:
+        self.replica = replica
+        self._call = call
+        self._responses: AsyncIterator[inf_pb.GenerateResponse] = call.__aiter__()
+
+    async def next(self) -> inf_pb.GenerateResponse | None:
+        """The next message, or None when the stream ended normally."""
+        try:
+            return await self._responses.__anext__()
+        except StopAsyncIteration:
+            return None
+        except grpc.aio.AioRpcError as err:
+            raise replica_error(self.replica, err) from None
+
+    def cancel(self) -> None:
+        """Cancel the stream: the replica frees the request's KV blocks at once."""
+        self._call.cancel()
+
+
+def replica_error(replica: str, err: grpc.aio.AioRpcError) -> Exception:
+    """ReplicaFailed for faults another replica may not have; the domain error otherwise."""
+    code = err.code()
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ReplicaFailed(replica, code, exclude=False)  # busy, not broken
+    if is_client_error(err) or code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return from_rpc_error(err, "inference")
+    return ReplicaFailed(replica, code)
+
+
+class InferenceClient:
+    """Generate, Embed and WatchLoad on a chosen replica."""
+
+    service = "inference"
+
+    def __init__(self, channels: ReplicaChannels) -> None:
+        self._channels = channels
+
+    def generate(self, replica: str, request: inf_pb.GenerateRequest) -> GenerateCall:
+        """Start a stream; its deadline is the caller's remaining one."""
+        stub, metadata = self._channels.stub(replica)
+        return GenerateCall(replica, stub.Generate(request, metadata=metadata))
+
+    async def embed(self, replica: str, request: inf_pb.EmbedRequest) -> inf_pb.EmbedResponse:
+        stub, metadata = self._channels.stub(replica)
+        try:
+            # No own timeout: a large batch may take long; the caller's deadline bounds it.
+            response: inf_pb.EmbedResponse = await stub.Embed(request, metadata=metadata)
+        except grpc.aio.AioRpcError as err:
+            raise replica_error(replica, err) from None
+        return response
+
+    async def watch_load(self, replica: str, interval_ms: int) -> AsyncIterator[LoadSnapshot]:
+        """Load reports from `replica` until the stream breaks (AioRpcError)."""
+        stub, metadata = self._channels.stub(replica)
+        call = stub.WatchLoad(inf_pb.WatchLoadRequest(interval_ms=interval_ms), metadata=metadata)
+        try:
+            async for message in call:
+                yield snapshot_from(message.load)
+        finally:
+            call.cancel()
+
+
+def snapshot_from(report: inf_pb.LoadReport) -> LoadSnapshot:
+    """The domain copy of a LoadReport."""
+    return LoadSnapshot(
+        num_waiting=report.num_waiting,
+        num_running=report.num_running,
+        kv_cache_usage=report.kv_cache_usage,
+        waiting_prompt_tokens=report.waiting_prompt_tokens,
+        running_remaining_tokens=report.running_remaining_tokens,
+        tokens_per_second=report.tokens_per_second,
+        max_num_seqs=max(1, report.max_num_seqs),
+    )

@@ -1,0 +1,250 @@
+"""Router settings, read from the environment once in __main__ (tests pass dicts)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Self
+
+from llm_common.config import (
+    MIB,
+    ConfigError,
+    ServerSettings,
+    env_bool,
+    env_float,
+    env_int,
+    env_optional_port,
+    env_str,
+)
+
+SERVICE_NAME = "router"
+DEFAULT_GRPC_PORT = 50053
+DEFAULT_METRICS_PORT = 9153
+DEFAULT_MODELS_CONFIG = "infra/config/models.yaml"
+DEFAULT_POLICIES_CONFIG = "infra/config/policies.yaml"
+DEFAULT_MODEL_ROOT = ".cache/models"
+DEFAULT_OUTBOX_DIR = ".cache/router-outbox"
+_DISABLED = frozenset({"off", "none", "disabled"})
+BALANCERS = ("expected_wait", "round_robin")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Request size limits; every one is checked before any downstream call."""
+
+    max_request_bytes: int = 2 * MIB  # serialized request
+    max_messages: int = 512
+    max_content_bytes: int = MIB  # all message contents together (the tokenizer's limit)
+    max_prompt_bytes: int = MIB
+    max_name_bytes: int = 64
+    max_stop_strings: int = 16
+    max_stop_bytes: int = 256
+    max_stop_token_ids: int = 64
+    max_top_k: int = 1000
+    max_metadata_pairs: int = 16
+    max_metadata_key_bytes: int = 64
+    max_metadata_value_bytes: int = 256
+    max_user_bytes: int = 256
+    max_embed_inputs: int = 256
+    max_embed_input_bytes: int = 64 * 1024
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if getattr(self, f.name) < 1:
+                raise ConfigError.for_variable(_limit_variable(f.name), "must be >= 1")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        defaults = cls()
+        values = {
+            f.name: env_int(
+                environ, _limit_variable(f.name), getattr(defaults, f.name), min_value=1
+            )
+            for f in fields(cls)
+        }
+        return cls(**values)
+
+
+def _limit_variable(name: str) -> str:
+    return f"ROUTER_{name.upper()}"
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingSettings:
+    """Replica selection, failover and load reporting."""
+
+    balancer: str = "expected_wait"  # or round_robin (the baseline)
+    region: str = "local"  # this router's region; preferred when the caller names none
+    region_header: str = "x-llm-region"  # comma-separated preferred regions, first wins
+    block_tokens: int = 16  # prompt tokens per prefix-affinity block
+    max_prefix_blocks: int = 64  # leading blocks hashed for affinity
+    affinity_entries: int = 65536  # remembered block hashes (LRU)
+    affinity_ttl_s: float = 600.0
+    prefill_weight: float = 1.0  # cost of a prompt token relative to a generated token
+    imbalance_abs: int = 16  # in-flight requests: max - min above this ...
+    imbalance_rel: float = 1.5  # ... and max > min * this → ignore affinity
+    exclude_s: float = 5.0  # a failed replica sits out this long, doubling per failure
+    exclude_max_s: float = 60.0
+    dispatch_attempts: int = 3  # replicas tried before the first token
+    retry_base_s: float = 0.02
+    retry_cap_s: float = 1.0
+    retry_jitter_s: float = 0.05
+    load_interval_ms: int = 200  # WatchLoad report interval
+    load_stale_s: float = 5.0  # older reports count as unknown load
+    mesh_addr: str | None = None  # send inference calls through this Envoy listener
+    mesh_header: str = "x-envoy-original-dst-host"  # names the replica for ORIGINAL_DST
+
+    def __post_init__(self) -> None:
+        if self.balancer not in BALANCERS:
+            raise ConfigError.for_variable("ROUTER_BALANCER", f"must be one of {BALANCERS}")
+        for name in ("block_tokens", "max_prefix_blocks", "affinity_entries", "dispatch_attempts"):
+            if getattr(self, name) < 1:
+                raise ConfigError.for_variable(_routing_variable(name), "must be >= 1")
+        if not 50 <= self.load_interval_ms <= 60_000:
+            raise ConfigError.for_variable("ROUTER_LOAD_INTERVAL_MS", "must be in 50..60000")
+        if self.imbalance_rel < 1.0 or self.imbalance_abs < 0:
+            raise ConfigError.for_variable(
+                "ROUTER_IMBALANCE_REL", "must be >= 1 (and ROUTER_IMBALANCE_ABS >= 0)"
+            )
+        if self.exclude_max_s < self.exclude_s:
+            raise ConfigError.for_variable("ROUTER_EXCLUDE_MAX_S", "must be >= ROUTER_EXCLUDE_S")
+        if not self.region or not self.region_header or not self.mesh_header:
+            raise ConfigError.for_variable("ROUTER_REGION", "region and header names must be set")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        d = cls()
+
+        def f(name: str) -> float:
+            return env_float(environ, _routing_variable(name), getattr(d, name), min_value=0.0)
+
+        def i(name: str) -> int:
+            return env_int(environ, _routing_variable(name), getattr(d, name), min_value=0)
+
+        return cls(
+            balancer=env_str(environ, "ROUTER_BALANCER", d.balancer).lower(),
+            region=env_str(environ, "ROUTER_REGION", d.region),
+            region_header=env_str(environ, "ROUTER_REGION_HEADER", d.region_header).lower(),
+            block_tokens=i("block_tokens"),
+            max_prefix_blocks=i("max_prefix_blocks"),
+            affinity_entries=i("affinity_entries"),
+            affinity_ttl_s=f("affinity_ttl_s"),
+            prefill_weight=f("prefill_weight"),
+            imbalance_abs=i("imbalance_abs"),
+            imbalance_rel=f("imbalance_rel"),
+            exclude_s=f("exclude_s"),
+            exclude_max_s=f("exclude_max_s"),
+            dispatch_attempts=i("dispatch_attempts"),
+            retry_base_s=f("retry_base_s"),
+            retry_cap_s=f("retry_cap_s"),
+            retry_jitter_s=f("retry_jitter_s"),
+            load_interval_ms=i("load_interval_ms"),
+            load_stale_s=f("load_stale_s"),
+            mesh_addr=env_str(environ, "INFERENCE_MESH_ADDR"),
+            mesh_header=env_str(environ, "INFERENCE_MESH_HEADER", d.mesh_header).lower(),
+        )
+
+
+def _routing_variable(name: str) -> str:
+    return f"ROUTER_{name.upper()}"
+
+
+@dataclass(frozen=True, slots=True)
+class DownstreamSettings:
+    """Addresses of the services the router calls and how it treats their failures."""
+
+    tokenizer_addr: str
+    billing_addr: str
+    auth_addr: str | None = None  # None: no tokens-per-minute quota (AUTH_SERVICE_ADDR=off)
+    cache_addr: str | None = None  # None: no response cache (CACHE_SERVICE_ADDR=off)
+    call_timeout_s: float = 5.0  # each unary downstream call, capped by the caller's deadline
+    request_timeout_s: float = 300.0  # whole request when the caller sent no deadline
+    settle_timeout_s: float = 5.0  # settlement calls, which outlive the caller's deadline
+    breaker_fail_max: int = 5
+    breaker_reset_s: float = 10.0
+    quota_fail_open: bool = True  # admit when auth's token quota cannot be checked
+    # Start generation while quota and budget are being reserved; nothing is released to the
+    # caller until admission succeeds, and a refusal cancels the generation.
+    overlap_admission: bool = True
+    # How long generation waits for the cache lookup before starting anyway (cancelled on a
+    # hit): bounds what a slow cache adds to every miss.
+    lookup_grace_s: float = 0.002
+
+    def __post_init__(self) -> None:
+        for name in ("call_timeout_s", "request_timeout_s", "settle_timeout_s", "breaker_reset_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError.for_variable(f"ROUTER_{name.upper()}", "must be > 0")
+        if self.breaker_fail_max < 1:
+            raise ConfigError.for_variable("ROUTER_BREAKER_FAIL_MAX", "must be >= 1")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        d = cls(tokenizer_addr="-", billing_addr="-")
+        return cls(
+            tokenizer_addr=env_str(environ, "TOKENIZER_SERVICE_ADDR", required=True),
+            billing_addr=env_str(environ, "BILLING_SERVICE_ADDR", required=True),
+            auth_addr=_optional_addr(environ, "AUTH_SERVICE_ADDR"),
+            cache_addr=_optional_addr(environ, "CACHE_SERVICE_ADDR"),
+            call_timeout_s=env_float(environ, "ROUTER_CALL_TIMEOUT_S", d.call_timeout_s),
+            request_timeout_s=env_float(environ, "ROUTER_REQUEST_TIMEOUT_S", d.request_timeout_s),
+            settle_timeout_s=env_float(environ, "ROUTER_SETTLE_TIMEOUT_S", d.settle_timeout_s),
+            breaker_fail_max=env_int(environ, "ROUTER_BREAKER_FAIL_MAX", d.breaker_fail_max),
+            breaker_reset_s=env_float(environ, "ROUTER_BREAKER_RESET_S", d.breaker_reset_s),
+            quota_fail_open=env_bool(environ, "ROUTER_QUOTA_FAIL_OPEN", d.quota_fail_open),
+            overlap_admission=env_bool(environ, "ROUTER_OVERLAP_ADMISSION", d.overlap_admission),
+            lookup_grace_s=env_float(
+                environ, "ROUTER_LOOKUP_GRACE_S", d.lookup_grace_s, min_value=0.0
+            ),
+        )
+
+
+def _optional_addr(environ: Mapping[str, str], name: str) -> str | None:
+    # Required unless explicitly switched off, so a forgotten variable fails start-up.
+    value = env_str(environ, name, required=True)
+    return None if value.lower() in _DISABLED else value
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything the router needs to run."""
+
+    server: ServerSettings
+    downstream: DownstreamSettings
+    models_config: Path = Path(DEFAULT_MODELS_CONFIG)
+    model_root: Path = Path(DEFAULT_MODEL_ROOT)
+    policies_config: Path = Path(DEFAULT_POLICIES_CONFIG)
+    outbox_dir: Path = Path(DEFAULT_OUTBOX_DIR)
+    routing: RoutingSettings = field(default_factory=RoutingSettings)
+    limits: Limits = field(default_factory=Limits)
+    # The OpenAI-compatible HTTP listener; None = off. Loopback by default: like the gRPC
+    # port, it trusts the identity headers that the edge sets.
+    http_host: str = "127.0.0.1"
+    http_port: int | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        """Read GRPC_PORT, METRICS_PORT, ... (see ServerSettings), MODELS_CONFIG, MODEL_ROOT,
+        ROUTER_POLICIES, ROUTER_OUTBOX_DIR, ROUTER_HTTP_HOST, ROUTER_HTTP_PORT (default off),
+        the *_SERVICE_ADDR variables and ROUTER_*;
+        ConfigError names the offending variable."""
+        server = ServerSettings.from_env(
+            environ,
+            service_name=SERVICE_NAME,
+            default_grpc_port=DEFAULT_GRPC_PORT,
+            default_metrics_port=DEFAULT_METRICS_PORT,
+        )
+        return cls(
+            server=server,
+            downstream=DownstreamSettings.from_env(environ),
+            models_config=Path(env_str(environ, "MODELS_CONFIG", DEFAULT_MODELS_CONFIG)),
+            model_root=Path(env_str(environ, "MODEL_ROOT", DEFAULT_MODEL_ROOT)),
+            policies_config=Path(env_str(environ, "ROUTER_POLICIES", DEFAULT_POLICIES_CONFIG)),
+            outbox_dir=Path(env_str(environ, "ROUTER_OUTBOX_DIR", DEFAULT_OUTBOX_DIR)),
+            routing=RoutingSettings.from_env(environ),
+            limits=Limits.from_env(environ),
+            http_host=env_str(environ, "ROUTER_HTTP_HOST", "127.0.0.1"),
+            http_port=env_optional_port(environ, "ROUTER_HTTP_PORT", None),
+        )

@@ -1,0 +1,398 @@
+"""A started generation: relays the answer through the output guard, and when it ends (any
+way: finished, filtered, failed, cancelled) settles, stores it in the cache and logs it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Protocol, TypeAlias
+
+import grpc
+
+from llm_common.errors import ServiceError, Unavailable
+from llm_common.logging import get_logger
+from llm_router.background import Background
+from llm_router.clients import CacheClient, GenerateCall
+from llm_router.dispatch import Started
+from llm_router.errors import ReplicaFailed
+from llm_router.identity import Caller
+from llm_router.load import Ticket
+from llm_router.observability import RouterMetrics, access_log, digest, start_span
+from llm_router.output_guard import GuardResult, StreamGuard
+from llm_router.policies import OutputPolicy
+from llm_router.requests import GenerationRequest
+from llm_router.settlement import Admission, Outcome, Settler
+from llmapi.cache.v1 import cache_service_pb2 as cache_pb
+from llmapi.common.v1 import common_pb2
+from llmapi.inference.v1 import inference_service_pb2 as inf_pb
+
+_log = get_logger(__name__)
+STOP = common_pb2.FINISH_REASON_STOP
+LENGTH = common_pb2.FINISH_REASON_LENGTH
+CANCELLED = common_pb2.FINISH_REASON_CANCELLED
+CONTENT_FILTER = common_pb2.FINISH_REASON_CONTENT_FILTER
+ERROR = common_pb2.FINISH_REASON_ERROR
+UNSET = common_pb2.FINISH_REASON_UNSPECIFIED
+FinishReason: TypeAlias = common_pb2.FinishReason.ValueType
+_CACHE_HITS = {cache_pb.HIT_KIND_EXACT: "exact", cache_pb.HIT_KIND_SEMANTIC: "semantic"}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """Facts about the request a Generation reports with."""
+
+    request_id: str
+    caller: Caller
+    request: GenerationRequest
+    model: str
+    prompt_tokens: int
+    sampling: common_pb2.SamplingParams
+    stream: bool
+    started: float  # perf_counter at arrival
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """A piece of the model's answer as the source delivered it."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    logprobs: tuple[common_pb2.TokenLogprob, ...] = ()
+    finish_reason: FinishReason = UNSET
+    cached_tokens: int | None = None  # prompt tokens the replica had cached (last piece)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A piece of the answer for the client; the last one holds finish_reason and usage."""
+
+    text: str = ""
+    logprobs: tuple[common_pb2.TokenLogprob, ...] = ()
+    finish_reason: FinishReason = UNSET
+    usage: common_pb2.Usage | None = None
+
+
+class Source(Protocol):
+    """Where the answer comes from: a replica's stream or the response cache."""
+
+    replica: str
+    route_reason: str
+    cache_hit: str  # "miss", "exact" or "semantic"
+    similarity: float
+
+    def pieces(self) -> AsyncGenerator[Piece, None]: ...
+
+    def close(self) -> None:
+        """Stop producing (cancel the replica's work) and release the load ticket."""
+
+
+class CachedSource:
+    """Replays a response-cache hit as one piece."""
+
+    replica = ""
+    route_reason = "cache"
+
+    def __init__(self, hit: cache_pb.LookupResponse) -> None:
+        self._response = hit.response
+        self.cache_hit = _CACHE_HITS.get(hit.kind, "exact")
+        self.similarity = hit.similarity
+
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
+        r = self._response
+        yield Piece(
+            text=r.text,
+            token_ids=tuple(r.token_ids),
+            finish_reason=r.finish_reason or STOP,
+        )
+
+    def close(self) -> None:
+        """Nothing runs for a cache hit."""
+
+
+class Releaser(Protocol):
+    def finish(self, ticket: Ticket) -> None: ...
+
+    def fail(self, replica: str) -> None: ...
+
+
+class LiveSource:
+    """Relays a replica's Generate stream, starting with the message already received."""
+
+    cache_hit = "miss"
+    similarity = 0.0
+
+    def __init__(self, started: Started, releaser: Releaser) -> None:
+        self._started = started
+        self._call: GenerateCall = started.call
+        self._releaser = releaser
+        self.replica = started.placed.choice.replica
+        self.route_reason = started.placed.choice.reason
+        self._done = False
+
+    async def pieces(self) -> AsyncGenerator[Piece, None]:
+        message: inf_pb.GenerateResponse | None = self._started.first
+        try:
+            while message is not None:
+                finished = bool(message.finish_reason)
+                if finished:
+                    self._done = True
+                    await self._drain()
+                yield Piece(
+                    text=message.text_delta,
+                    token_ids=tuple(message.token_ids),
+                    logprobs=tuple(message.logprobs),
+                    finish_reason=message.finish_reason,
+                    cached_tokens=message.usage.cached_tokens if finished else None,
+                )
+                if finished:
+                    return
+                message = await self._call.next()
+            raise ReplicaFailed(self.replica, grpc.StatusCode.DATA_LOSS)
+        except ReplicaFailed:
+            self._releaser.fail(self.replica)
+            raise
+
+    async def _drain(self) -> None:
+        # Read to the end of the stream so the call completes with its status instead of
+        # being cancelled when it is dropped (the replica then sees a clean finish).
+        with contextlib.suppress(ReplicaFailed, ServiceError):
+            while await self._call.next() is not None:
+                pass
+
+    def close(self) -> None:
+        if not self._done:
+            self._call.cancel()  # frees the request's KV blocks on the replica
+        self._releaser.finish(self._started.placed.ticket)
+
+
+@dataclass(slots=True)
+class _Tally:
+    completion_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # as delivered (after the guard)
+    cached_tokens: int = 0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    first_chunk_at: float | None = None
+    redacted: set[str] = field(default_factory=set)
+    blocked_rule: str = ""
+
+
+class Generation:
+    """One admitted request with its answer source; iterate `chunks()` exactly once."""
+
+    @dataclass(frozen=True, slots=True)
+    class Deps:
+        settler: Settler
+        metrics: RouterMetrics
+        background: Background
+        cache: CacheClient | None
+        cache_key: cache_pb.CacheKey | None
+
+    def __init__(
+        self,
+        info: RequestInfo,
+        source: Source,
+        policy: OutputPolicy,
+        admission: Admission,
+        deps: Deps,
+    ) -> None:
+        self.info = info
+        self._source = source
+        self._policy = policy
+        self._admission = admission
+        self._deps = deps
+        self._tally = _Tally()
+        self._pending_logprobs: list[common_pb2.TokenLogprob] = []
+        self._closed = False
+
+    @property
+    def request_id(self) -> str:
+        return self.info.request_id
+
+    @property
+    def model(self) -> str:
+        return self.info.model
+
+    @property
+    def cache_hit(self) -> str:
+        return self._source.cache_hit
+
+    @property
+    def similarity(self) -> float:
+        return self._source.similarity
+
+    async def chunks(self) -> AsyncGenerator[Chunk, None]:
+        """The guarded answer; the last chunk holds finish_reason and usage."""
+        guard = StreamGuard(self._policy)
+        span = start_span("generate", model=self.model, replica=self._source.replica)
+        finish: FinishReason = UNSET
+        final = False
+        try:
+            held = ""
+            async with aclosing(self._source.pieces()) as pieces:
+                async for piece in pieces:
+                    self._count(piece)
+                    released = self._take(guard.feed(piece.text))
+                    if piece.finish_reason or self._tally.blocked_rule:
+                        held, finish = released, piece.finish_reason
+                        break
+                    if released:
+                        yield self._chunk(released)
+            if not self._tally.blocked_rule:
+                held += self._take(guard.finish())
+            finish = CONTENT_FILTER if self._tally.blocked_rule else (finish or STOP)
+            final = True
+            yield self._chunk(held, finish_reason=finish, last=True)
+        except ReplicaFailed:
+            finish, final = ERROR, True
+            if not self.info.stream:
+                raise Unavailable(
+                    "the replica failed while generating", retry_after_s=1.0
+                ) from None
+            yield self._chunk("", finish_reason=ERROR, last=True)
+        except (asyncio.CancelledError, GeneratorExit):
+            if not final:  # closed after the last chunk went out is not a cancellation
+                finish = CANCELLED
+            raise
+        except BaseException:
+            finish = ERROR
+            raise
+        finally:
+            span.set_attribute("finish_reason", common_pb2.FinishReason.Name(finish))
+            span.end()
+            self._close(finish)
+
+    def abandon(self) -> None:
+        """Settle as cancelled if `chunks()` never ran (the caller left before it started)."""
+        self._close(CANCELLED)
+
+    def _count(self, piece: Piece) -> None:
+        t = self._tally
+        if piece.token_ids:
+            now = time.perf_counter()
+            t.first_token_at = t.first_token_at or now
+            t.last_token_at = now
+        t.completion_tokens += len(piece.token_ids)
+        t.token_ids.extend(piece.token_ids)
+        if piece.cached_tokens is not None:
+            t.cached_tokens = piece.cached_tokens
+        self._pending_logprobs.extend(piece.logprobs)
+
+    def _take(self, result: GuardResult) -> str:
+        t = self._tally
+        t.redacted.update(result.redacted)
+        if result.blocked and not t.blocked_rule:
+            t.blocked_rule = result.rule or "blocked"
+        if result.text:
+            t.text.append(result.text)
+        return result.text
+
+    def _chunk(
+        self, text: str, *, finish_reason: FinishReason = UNSET, last: bool = False
+    ) -> Chunk:
+        logprobs = tuple(self._pending_logprobs)
+        self._pending_logprobs.clear()
+        if text and self._tally.first_chunk_at is None:
+            self._tally.first_chunk_at = time.perf_counter()
+        return Chunk(
+            text=text,
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            usage=self.usage() if last else None,
+        )
+
+    def usage(self) -> common_pb2.Usage:
+        """Token accounting so far (a cache hit counts its whole prompt as cached)."""
+        prompt = self.info.prompt_tokens
+        cached = prompt if self.cache_hit != "miss" else min(self._tally.cached_tokens, prompt)
+        completion = self._tally.completion_tokens
+        return common_pb2.Usage(
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            cached_tokens=cached,
+            total_tokens=prompt + completion,
+        )
+
+    def _close(self, finish: FinishReason) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._source.close()
+        usage = self.usage()
+        produced = usage.completion_tokens > 0 or self.cache_hit != "miss"
+        outcome = Outcome(
+            usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens, finish, produced
+        )
+        self._deps.settler.submit(self._admission, outcome)
+        if finish in (STOP, LENGTH) and self.cache_hit == "miss":
+            self._store(finish, usage)
+        self._observe(finish, usage)
+
+    def _store(self, finish: FinishReason, usage: common_pb2.Usage) -> None:
+        cache, key = self._deps.cache, self._deps.cache_key
+        if cache is None or key is None:
+            return
+        request = cache_pb.StoreRequest(
+            key=key,
+            response=cache_pb.CachedResponse(
+                text="".join(self._tally.text),
+                token_ids=self._tally.token_ids,
+                finish_reason=finish,
+                usage=usage,
+            ),
+            allow_nondeterministic=self.info.request.cache.store_nondeterministic,
+        )
+        timeout_s = 5.0
+
+        async def store() -> None:
+            try:
+                await cache.store(request, timeout_s)
+            except Exception as err:  # the cache is optional; a lost store is only a miss later
+                _log.info("cache store failed", error=type(err).__name__)
+
+        self._deps.background.spawn(store())
+
+    def _observe(self, finish: FinishReason, usage: common_pb2.Usage) -> None:
+        m, t, info = self._deps.metrics, self._tally, self.info
+        reason = common_pb2.FinishReason.Name(finish).removeprefix("FINISH_REASON_").lower()
+        m.finished.labels(self.model, reason).inc()
+        m.tokens.labels(self.model, "prompt").inc(usage.prompt_tokens)
+        m.tokens.labels(self.model, "completion").inc(usage.completion_tokens)
+        m.tokens.labels(self.model, "cached").inc(usage.cached_tokens)
+        ttft_ms = None
+        if t.first_chunk_at is not None:
+            m.ttft.labels(self.model).observe(t.first_chunk_at - info.started)
+            ttft_ms = round((t.first_chunk_at - info.started) * 1e3, 3)
+        if t.first_token_at and t.last_token_at and usage.completion_tokens > 1:
+            tpot = (t.last_token_at - t.first_token_at) / (usage.completion_tokens - 1)
+            m.tpot.labels(self.model).observe(tpot)
+        for kind in t.redacted:
+            m.guard.labels("output", f"redacted_{kind}").inc()
+        if t.blocked_rule:
+            m.guard.labels("output", "blocked").inc()
+        access_log(
+            request_id=info.request_id,
+            billing_id=self._admission.billing_id,
+            tenant=info.caller.tenant_id,
+            key_id=info.caller.key_id,
+            user=digest(info.request.user),
+            model=self.model,
+            kind=info.request.kind.value,
+            stream=info.stream,
+            replica=self._source.replica,
+            route_reason=self._source.route_reason,
+            cache=self.cache_hit,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            finish_reason=reason,
+            guard_rule=t.blocked_rule or None,
+            ttft_ms=ttft_ms,
+            duration_ms=round((time.perf_counter() - info.started) * 1e3, 3),
+            billing_reserved=self._admission.billing_reserved,
+        )

@@ -1,0 +1,346 @@
+"""The generation pipeline: guard → tokenize → admit → cache → route → stream → settle."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from dataclasses import dataclass
+
+from llm_common.errors import FieldViolation, InvalidArgument, ServiceError, Unavailable
+from llm_common.logging import get_logger
+from llm_common.models_config import Deployment, ModelSpec
+from llm_router import input_guard
+from llm_router.admission import NOTHING, Admitter, billing_id
+from llm_router.background import Background
+from llm_router.clients import CacheClient, TokenizerClient
+from llm_router.dispatch import Dispatcher, Started
+from llm_router.generation import CachedSource, Generation, LiveSource, RequestInfo
+from llm_router.identity import SCOPE_COMPLETION, Caller
+from llm_router.model_routing import AUTO_MODEL, GENERATION, ModelRouter
+from llm_router.observability import RouterMetrics, phase
+from llm_router.policies import PolicyBook, TenantPolicy
+from llm_router.requests import GenerationRequest, Kind
+from llm_router.settlement import Admission, Settler
+from llm_router.validation import check_max_tokens, fits_context
+from llmapi.cache.v1 import cache_service_pb2 as cache_pb
+from llmapi.common.v1 import common_pb2
+
+_log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request bound to a model: its exact prompt tokens and effective sampling."""
+
+    spec: ModelSpec
+    prompt: list[int]
+    sampling: common_pb2.SamplingParams  # max_tokens always set
+    deployments: list[Deployment]
+    request: GenerationRequest  # after the input guard
+
+
+class Pipeline:
+    """Turns a validated GenerationRequest into a started Generation.
+
+    Everything that can fail before the first token fails here, as a clean status, and
+    releases whatever was reserved; the Generation then owns settlement.
+    """
+
+    def __init__(
+        self,
+        *,
+        router: ModelRouter,
+        policies: PolicyBook,
+        tokenizer: TokenizerClient,
+        admitter: Admitter,
+        cache: CacheClient | None,
+        dispatcher: Dispatcher,
+        settler: Settler,
+        background: Background,
+        metrics: RouterMetrics,
+        overlap_admission: bool = True,
+        lookup_grace_s: float = 0.002,
+    ) -> None:
+        self._overlap = overlap_admission
+        self._lookup_grace_s = lookup_grace_s
+        self._router = router
+        self._policies = policies
+        self._tokenizer = tokenizer
+        self._admitter = admitter
+        self._cache = cache
+        self._dispatcher = dispatcher
+        self._settler = settler
+        self._background = background
+        self._metrics = metrics
+
+    async def open(
+        self, request: GenerationRequest, caller: Caller, *, request_id: str, stream: bool
+    ) -> Generation:
+        """Admit and start `request`: returns once the answer's first piece is in hand."""
+        started = time.perf_counter()
+        caller.require_scope(SCOPE_COMPLETION)
+        policy = self._policies.for_tenant(caller.tenant_id)
+        request = self._screen(request, policy)
+        prepared = await self._prepare(request, caller, policy)
+        info = RequestInfo(
+            request_id=request_id,
+            caller=caller,
+            request=prepared.request,
+            model=prepared.spec.name,
+            prompt_tokens=len(prepared.prompt),
+            sampling=prepared.sampling,
+            stream=stream,
+            started=started,
+        )
+        key = self._cache_key(prepared, caller)
+        if self._overlap and not self._admitter.refusals.recent(caller):
+            return await self._open_overlapped(prepared, policy, info, key)
+        admission = await self._admit(prepared, caller, policy)
+        try:
+            hit = await self._lookup(prepared.request, key)
+            if hit is not None:
+                return self._generation(info, CachedSource(hit), policy, admission, key)
+            live = LiveSource(await self._dispatch(prepared), self._dispatcher)
+            return self._generation(info, live, policy, admission, key)
+        except BaseException:
+            self._settler.submit(admission, NOTHING)
+            raise
+
+    async def _open_overlapped(
+        self,
+        prepared: Prepared,
+        policy: TenantPolicy,
+        info: RequestInfo,
+        key: cache_pb.CacheKey | None,
+    ) -> Generation:
+        # Admission runs alongside the cache lookup and the replica's prefill. Nothing reaches
+        # the caller before admission succeeded; a refusal cancels the generation, which frees
+        # its KV blocks at once. Generation waits for the lookup, so a hit costs no replica
+        # work, but only for `lookup_grace_s`: a slow cache must not delay every miss.
+        admit = asyncio.ensure_future(self._admit(prepared, info.caller, policy))
+        lookup = asyncio.ensure_future(self._lookup(prepared.request, key))
+        dispatch: asyncio.Future[Started] | None = None
+        try:
+            if key is not None:
+                await asyncio.wait({lookup}, timeout=self._lookup_grace_s)
+            if not lookup.done():
+                dispatch = asyncio.ensure_future(self._dispatch(prepared))
+            hit = await lookup
+            if hit is None and dispatch is None:
+                dispatch = asyncio.ensure_future(self._dispatch(prepared))
+            admission = await admit
+        except BaseException as error:
+            admit.cancel()  # the admitter gives back whatever it still gets granted
+            lookup.cancel()
+            self._abandon(dispatch, "refused" if isinstance(error, ServiceError) else "cancelled")
+            raise
+        try:
+            if hit is not None:
+                self._abandon(dispatch, "cache_hit")
+                return self._generation(info, CachedSource(hit), policy, admission, key)
+            assert dispatch is not None
+            live = LiveSource(await dispatch, self._dispatcher)
+            return self._generation(info, live, policy, admission, key)
+        except BaseException:
+            self._abandon(dispatch, "failed")
+            self._settler.submit(admission, NOTHING)
+            raise
+
+    def _abandon(self, dispatch: asyncio.Future[Started] | None, reason: str) -> None:
+        if dispatch is None:
+            return
+        self._metrics.abandoned.labels(reason).inc()
+        dispatch.cancel()
+        dispatch.add_done_callback(self._stop_started)
+
+    def _stop_started(self, dispatch: asyncio.Future[Started]) -> None:
+        # The cancel came after the stream had started (or it failed): stop it and free
+        # its replica; reading the exception keeps asyncio from reporting it as lost.
+        if dispatch.cancelled() or dispatch.exception() is not None:
+            return
+        started = dispatch.result()
+        started.call.cancel()
+        self._dispatcher.finish(started.placed.ticket)
+
+    def _screen(self, request: GenerationRequest, policy: TenantPolicy) -> GenerationRequest:
+        screened = input_guard.screen(request.texts, policy.input, request.text_field)
+        for kind in screened.redacted:
+            self._metrics.guard.labels("input", f"redacted_{kind}").inc()
+        if screened.texts == request.texts:
+            return request
+        if request.kind is Kind.CHAT:
+            messages = tuple(
+                common_pb2.ChatMessage(role=m.role, content=text, name=m.name)
+                for m, text in zip(request.messages, screened.texts, strict=True)
+            )
+            return dataclasses.replace(request, messages=messages)
+        return dataclasses.replace(request, prompt=screened.texts[0])
+
+    async def _prepare(
+        self, request: GenerationRequest, caller: Caller, policy: TenantPolicy
+    ) -> Prepared:
+        allowed = policy.admission.allowed_tiers
+        with phase(self._metrics, "tokenize"):
+            if request.model == AUTO_MODEL:
+                return await self._prepare_auto(request, caller, allowed)
+            spec = self._router.resolve(request.model, GENERATION)
+            caller.require_model(spec, allowed)
+            prompt = await self._tokenize(spec, request)
+        max_tokens = check_max_tokens(
+            request.sampling,
+            len(prompt),
+            spec.context_length,
+            spec.default_max_tokens,
+            prompt_field=_prompt_field(request),
+        )
+        return self._bind(spec, prompt, max_tokens, request, caller)
+
+    async def _prepare_auto(
+        self, request: GenerationRequest, caller: Caller, allowed: frozenset[str]
+    ) -> Prepared:
+        # The cascade documented on ModelRouter: first candidate that fits and can serve.
+        candidates = self._router.auto_candidates(caller, allowed)
+        if not candidates:
+            raise InvalidArgument([FieldViolation("model", "no model is available to `auto`")])
+        fitting = 0
+        for spec in candidates:
+            prompt = await self._tokenize(spec, request)
+            s = request.sampling
+            if not fits_context(s, len(prompt), spec.context_length, spec.default_max_tokens):
+                continue
+            fitting += 1
+            deployments = self._router.deployment_order(spec, caller.regions)
+            if not self._dispatcher.has_usable_replica(deployments):
+                continue
+            max_tokens = check_max_tokens(
+                s, len(prompt), spec.context_length, spec.default_max_tokens, prompt_field="-"
+            )
+            return self._bind(spec, prompt, max_tokens, request, caller)
+        if fitting:
+            raise Unavailable("no model for `auto` can serve now", retry_after_s=1.0)
+        raise InvalidArgument(
+            [
+                FieldViolation(
+                    _prompt_field(request),
+                    "prompt + max_tokens fit the context of no model available to `auto`",
+                )
+            ]
+        )
+
+    def _bind(
+        self,
+        spec: ModelSpec,
+        prompt: list[int],
+        max_tokens: int,
+        request: GenerationRequest,
+        caller: Caller,
+    ) -> Prepared:
+        sampling = common_pb2.SamplingParams()
+        sampling.CopyFrom(request.sampling)
+        sampling.max_tokens = max_tokens
+        deployments = self._router.deployment_order(spec, caller.regions)
+        if not deployments:
+            raise Unavailable(f"model {spec.name!r} has no deployment", retry_after_s=60.0)
+        return Prepared(spec, prompt, sampling, deployments, request)
+
+    async def _tokenize(self, spec: ModelSpec, request: GenerationRequest) -> list[int]:
+        if request.kind is Kind.CHAT:
+            return await self._tokenizer.chat_prompt(spec.name, request.messages)
+        return await self._tokenizer.encode(spec.name, request.prompt)
+
+    async def _admit(self, prepared: Prepared, caller: Caller, policy: TenantPolicy) -> Admission:
+        request = prepared.request
+        with phase(self._metrics, "admission"):
+            return await self._admitter.admit(
+                request_id=billing_id(caller, request.request_id, request.fingerprint),
+                caller=caller,
+                model=prepared.spec.name,
+                prompt_tokens=len(prepared.prompt),
+                max_tokens=prepared.sampling.max_tokens,
+                policy=policy.admission,
+            )
+
+    async def _dispatch(self, prepared: Prepared) -> Started:
+        with phase(self._metrics, "route", model=prepared.spec.name) as span:
+            started = await self._dispatcher.generate(
+                prepared.spec.name, prepared.deployments, prepared.prompt, prepared.sampling
+            )
+            span.set_attribute("replica", started.placed.choice.replica)
+            span.set_attribute("reason", started.placed.choice.reason)
+        return started
+
+    def _generation(
+        self,
+        info: RequestInfo,
+        source: CachedSource | LiveSource,
+        policy: TenantPolicy,
+        admission: Admission,
+        key: cache_pb.CacheKey | None,
+    ) -> Generation:
+        return Generation(info, source, policy.output, admission, self._deps(key))
+
+    def _deps(self, key: cache_pb.CacheKey | None) -> Generation.Deps:
+        store = self._cache if key is not None else None
+        return Generation.Deps(
+            settler=self._settler,
+            metrics=self._metrics,
+            background=self._background,
+            cache=store,
+            cache_key=key,
+        )
+
+    def _cache_key(self, prepared: Prepared, caller: Caller) -> cache_pb.CacheKey | None:
+        request = prepared.request
+        if self._cache is None or request.cache.bypass:
+            return None
+        if not (request.deterministic or request.cache.store_nondeterministic):
+            return None
+        key = cache_pb.CacheKey(
+            tenant_id=caller.tenant_id,
+            model=prepared.spec.name,
+            prompt_token_ids=prepared.prompt,
+            sampling=prepared.sampling,
+        )
+        if request.kind is Kind.CHAT:
+            key.messages.extend(request.messages)
+        else:
+            key.prompt = request.prompt
+        return key
+
+    async def _lookup(
+        self, request: GenerationRequest, key: cache_pb.CacheKey | None
+    ) -> cache_pb.LookupResponse | None:
+        if self._cache is None or key is None:
+            self._metrics.cache.labels("bypass").inc()
+            return None
+        options = cache_pb.LookupOptions(
+            semantic=request.cache.semantic,
+            allow_nondeterministic=request.cache.store_nondeterministic,
+        )
+        if request.cache.similarity_threshold is not None:
+            options.similarity_threshold = request.cache.similarity_threshold
+        with phase(self._metrics, "cache_lookup"):
+            try:
+                response = await self._cache.lookup(
+                    cache_pb.LookupRequest(key=key, options=options)
+                )
+            except ServiceError as err:
+                # The cache is optional: any failure is a miss.
+                self._metrics.cache.labels("error").inc()
+                _log.info("cache lookup failed", code=err.code.name)
+                return None
+        kind = _HIT_LABELS.get(response.kind, "miss")
+        self._metrics.cache.labels(kind).inc()
+        return response if kind in ("exact", "semantic") else None
+
+
+_HIT_LABELS = {
+    cache_pb.HIT_KIND_EXACT: "exact",
+    cache_pb.HIT_KIND_SEMANTIC: "semantic",
+    cache_pb.HIT_KIND_MISS: "miss",
+}
+
+
+def _prompt_field(request: GenerationRequest) -> str:
+    return "messages" if request.kind is Kind.CHAT else "prompt"

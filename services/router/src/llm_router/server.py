@@ -1,0 +1,229 @@
+"""Wiring: clients, routing state, outbox and pipeline behind LLMService on llm_common's server."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from llm_common import server as common_server
+from llm_common.channels import make_channel
+from llm_common.config import ConfigError
+from llm_common.models_config import ModelCatalog, load_catalog
+from llm_common.outbox import Outbox
+from llm_common.resilience import AsyncBreaker
+from llm_common.server import BuiltServer, ServiceSpec
+from llm_router.admission import Admitter
+from llm_router.background import Background
+from llm_router.billing_outbox import BillingSpool
+from llm_router.clients import (
+    BillingClient,
+    CacheClient,
+    InferenceClient,
+    QuotaClient,
+    ReplicaChannels,
+    TokenizerClient,
+    new_breaker,
+)
+from llm_router.config import Settings
+from llm_router.dispatch import Dispatcher
+from llm_router.embedder import Embedder
+from llm_router.load import LoadBoard
+from llm_router.load_watch import LoadWatcher
+from llm_router.model_routing import ModelRouter
+from llm_router.observability import RouterMetrics
+from llm_router.openai_http import OpenAIHttp, start_openai_http
+from llm_router.pipeline import Pipeline
+from llm_router.policies import PolicyBook, load_policies
+from llm_router.prefix import AffinityTable
+from llm_router.selection import ReplicaSelector
+from llm_router.service import LLMServicer, ServiceDeps
+from llm_router.settlement import Settler
+from llmapi.llm.v1 import llm_service_pb2 as pb
+from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMService"].full_name
+OUTBOX_FILE = "billing-outbox.sqlite3"
+
+
+@functools.cache
+def default_router_metrics() -> RouterMetrics:
+    """The process-wide RouterMetrics on the global registry, created on first use."""
+    return RouterMetrics()
+
+
+@dataclass
+class Runtime:
+    """Every long-lived part of one router, started and stopped with its server."""
+
+    servicer: LLMServicer
+    admitter: Admitter
+    board: LoadBoard
+    selector: ReplicaSelector
+    watcher: LoadWatcher
+    spool: BillingSpool
+    background: Background
+    settle_timeout_s: float
+    channels: list[grpc.aio.Channel] = field(default_factory=list)
+    replica_channels: ReplicaChannels = field(default_factory=ReplicaChannels)
+    breakers: dict[str, AsyncBreaker] = field(default_factory=dict)
+    http_listen: tuple[str, int, str] | None = None  # host, port, the router's own gRPC target
+    region_header: str = "x-llm-region"
+    http: OpenAIHttp | None = None
+
+    async def start(self) -> None:
+        self.watcher.start()
+        self.spool.start()
+        if self.http_listen is not None:
+            host, port, target = self.http_listen
+            self.http = await start_openai_http(
+                host, port, target, region_header=self.region_header
+            )
+
+    async def stop(self) -> None:
+        if self.http is not None:  # no new HTTP requests while the rest drains
+            await self.http.close()
+        await self.watcher.stop()
+        # Settlements of the last requests still go out (or into the outbox) before exit.
+        await self.background.drain(self.settle_timeout_s * 2)
+        await self.spool.stop()
+        await self.spool.outbox.close()
+        await self.replica_channels.close()
+        for channel in self.channels:
+            await channel.close()
+
+    def spec(self) -> ServiceSpec:
+        servicer = self.servicer
+
+        def register(server: grpc.aio.Server) -> None:
+            pb_grpc.add_LLMServiceServicer_to_server(servicer, server)
+
+        return ServiceSpec(
+            service_names=(SERVICE_NAME,), register=register, on_start=self.start, on_stop=self.stop
+        )
+
+
+async def build_runtime(
+    settings: Settings,
+    *,
+    catalog: ModelCatalog | None = None,
+    policies: PolicyBook | None = None,
+    metrics: RouterMetrics | None = None,
+    rng: random.Random | None = None,
+) -> Runtime:
+    """Construct the router's parts (channels do not connect until first use)."""
+    catalog = catalog or load_catalog(settings.models_config, settings.model_root)
+    policies = policies or load_policies(settings.policies_config)
+    metrics = metrics or default_router_metrics()
+    rng = rng or random.Random()
+    d, r = settings.downstream, settings.routing
+
+    def breaker(name: str) -> AsyncBreaker:
+        return new_breaker(f"router-{name}", fail_max=d.breaker_fail_max, reset_s=d.breaker_reset_s)
+
+    breakers = {"billing": breaker("billing"), "auth": breaker("auth"), "cache": breaker("cache")}
+    channels: list[grpc.aio.Channel] = []
+
+    def channel(addr: str) -> grpc.aio.Channel:
+        made = make_channel(addr, max_message_bytes=settings.server.max_message_bytes)
+        channels.append(made)
+        return made
+
+    tokenizer = TokenizerClient(channel(d.tokenizer_addr), d.call_timeout_s)
+    billing = BillingClient(channel(d.billing_addr), d.call_timeout_s, breakers["billing"])
+    quota = None
+    if d.auth_addr is not None:
+        quota = QuotaClient(channel(d.auth_addr), d.call_timeout_s, breakers["auth"])
+    cache = None
+    if d.cache_addr is not None:
+        cache = CacheClient(channel(d.cache_addr), d.call_timeout_s, breakers["cache"])
+
+    outbox = await Outbox.open(settings.outbox_dir / OUTBOX_FILE)
+    spool = BillingSpool(outbox, billing, timeout_s=d.settle_timeout_s, metrics=metrics)
+    background = Background()
+    settler = Settler(
+        billing, quota, spool, timeout_s=d.settle_timeout_s, metrics=metrics, background=background
+    )
+    admitter = Admitter(quota, billing, settler, metrics, quota_fail_open=d.quota_fail_open)
+
+    router = ModelRouter(catalog, home_region=r.region, rng=rng)
+    board = LoadBoard(exclude_s=r.exclude_s, exclude_max_s=r.exclude_max_s, stale_s=r.load_stale_s)
+    affinity = AffinityTable(max_entries=r.affinity_entries, ttl_s=r.affinity_ttl_s)
+    selector = ReplicaSelector(board, affinity, r, rng)
+    replica_channels = ReplicaChannels(mesh_addr=r.mesh_addr, mesh_header=r.mesh_header)
+    inference = InferenceClient(replica_channels)
+    dispatcher = Dispatcher(selector, board, inference, r, metrics, rng=rng)
+    watcher = LoadWatcher(
+        inference, board, selector, router.replicas(), interval_ms=r.load_interval_ms, rng=rng
+    )
+
+    pipeline = Pipeline(
+        router=router,
+        policies=policies,
+        tokenizer=tokenizer,
+        admitter=admitter,
+        cache=cache,
+        dispatcher=dispatcher,
+        settler=settler,
+        background=background,
+        metrics=metrics,
+        overlap_admission=d.overlap_admission,
+        lookup_grace_s=d.lookup_grace_s,
+    )
+    embedder = Embedder(
+        router=router,
+        policies=policies,
+        admitter=admitter,
+        dispatcher=dispatcher,
+        settler=settler,
+        metrics=metrics,
+    )
+    deps = ServiceDeps(
+        pipeline=pipeline,
+        embedder=embedder,
+        router=router,
+        tokenizer=tokenizer,
+        policies=policies,
+        limits=settings.limits,
+        region_header=r.region_header,
+        request_timeout_s=d.request_timeout_s,
+    )
+    return Runtime(
+        servicer=LLMServicer(deps),
+        admitter=admitter,
+        board=board,
+        selector=selector,
+        watcher=watcher,
+        spool=spool,
+        background=background,
+        settle_timeout_s=d.settle_timeout_s,
+        channels=channels,
+        replica_channels=replica_channels,
+        breakers=breakers,
+        http_listen=_http_listen(settings),
+        region_header=r.region_header,
+    )
+
+
+def _http_listen(settings: Settings) -> tuple[str, int, str] | None:
+    """Where the OpenAI listener binds, and the gRPC port it calls (fixed ports only)."""
+    if settings.http_port is None:
+        return None
+    if not settings.server.grpc_port:
+        raise ConfigError("ROUTER_HTTP_PORT: needs a fixed GRPC_PORT to call the router on")
+    return settings.http_host, settings.http_port, f"127.0.0.1:{settings.server.grpc_port}"
+
+
+async def serve(
+    settings: Settings,
+    *,
+    stop: asyncio.Event | None = None,
+    ready: Callable[[BuiltServer], None] | None = None,
+) -> None:
+    """Serve LLMService until SIGTERM/SIGINT (or `stop`), then drain and settle."""
+    runtime = await build_runtime(settings)
+    await common_server.serve(settings.server, runtime.spec(), stop=stop, ready=ready)

@@ -1,0 +1,277 @@
+"""LLMServicer: parse and validate, call the pipeline, build responses (no logic of its own)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from google.protobuf import timestamp_pb2
+
+from llm_common.deadlines import deadline_after, deadline_var
+from llm_common.errors import FieldViolation, InvalidArgument
+from llm_common.interceptors import new_request_id
+from llm_common.logging import current_request_id
+from llm_router import validation
+from llm_router.clients import TokenizerClient
+from llm_router.config import Limits
+from llm_router.embedder import Embedder
+from llm_router.generation import Chunk, Generation
+from llm_router.identity import SCOPE_COMPLETION, SCOPE_EMBEDDING, Caller, caller_from_metadata
+from llm_router.model_routing import AUTO_MODEL, GENERATION, ModelRouter
+from llm_router.pipeline import Pipeline
+from llm_router.policies import PolicyBook
+from llm_router.requests import GenerationRequest
+from llmapi.common.v1 import common_pb2
+from llmapi.llm.v1 import llm_service_pb2 as pb
+from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
+
+Context = grpc.aio.ServicerContext[Any, Any]
+_CACHE_HITS = {
+    "miss": pb.CACHE_HIT_MISS,
+    "exact": pb.CACHE_HIT_EXACT,
+    "semantic": pb.CACHE_HIT_SEMANTIC,
+}
+_KINDS = {
+    "generation": common_pb2.MODEL_KIND_GENERATION,
+    "embedding": common_pb2.MODEL_KIND_EMBEDDING,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceDeps:
+    """What the servicer delegates to."""
+
+    pipeline: Pipeline
+    embedder: Embedder
+    router: ModelRouter
+    tokenizer: TokenizerClient
+    policies: PolicyBook
+    limits: Limits = field(default_factory=Limits)
+    region_header: str = "x-llm-region"
+    request_timeout_s: float = 300.0
+
+
+@dataclass(slots=True)
+class _Answer:
+    text: list[str] = field(default_factory=list)
+    logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
+    finish_reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
+    usage: common_pb2.Usage = field(default_factory=common_pb2.Usage)
+
+
+class LLMServicer(pb_grpc.LLMServiceServicer):
+    """llmapi.llm.v1.LLMService."""
+
+    def __init__(self, deps: ServiceDeps) -> None:
+        self._d = deps
+
+    # Method names are the contract's RPC names, hence the noqa N802.
+    async def Chat(self, request: pb.ChatRequest, context: Context) -> pb.ChatResponse:  # noqa: N802
+        parsed = validation.validate_chat(request, self._d.limits)
+        answer, generation = await self._unary(parsed, context)
+        return pb.ChatResponse(
+            request_id=generation.request_id,
+            model=generation.model,
+            message=common_pb2.ChatMessage(
+                role=common_pb2.ROLE_ASSISTANT, content="".join(answer.text)
+            ),
+            finish_reason=answer.finish_reason,
+            usage=answer.usage,
+            cache=_cache_info(generation),
+            logprobs=answer.logprobs,
+            created=_now(),
+        )
+
+    async def ChatStream(  # noqa: N802
+        self, request: pb.ChatStreamRequest, context: Context
+    ) -> AsyncIterator[pb.ChatStreamResponse]:
+        parsed = validation.validate_chat(request, self._d.limits)
+        async for generation, chunk, first in self._stream(parsed, context):
+            message = pb.ChatStreamResponse(
+                request_id=generation.request_id,
+                model=generation.model,
+                delta=chunk.text,
+                logprobs=chunk.logprobs,
+                finish_reason=chunk.finish_reason,
+            )
+            _decorate(message, generation, chunk, first)
+            yield message
+
+    async def Complete(  # noqa: N802
+        self, request: pb.CompleteRequest, context: Context
+    ) -> pb.CompleteResponse:
+        parsed = validation.validate_complete(request, self._d.limits)
+        answer, generation = await self._unary(parsed, context)
+        return pb.CompleteResponse(
+            request_id=generation.request_id,
+            model=generation.model,
+            text="".join(answer.text),
+            finish_reason=answer.finish_reason,
+            usage=answer.usage,
+            cache=_cache_info(generation),
+            logprobs=answer.logprobs,
+            created=_now(),
+        )
+
+    async def CompleteStream(  # noqa: N802
+        self, request: pb.CompleteStreamRequest, context: Context
+    ) -> AsyncIterator[pb.CompleteStreamResponse]:
+        parsed = validation.validate_complete(request, self._d.limits)
+        async for generation, chunk, first in self._stream(parsed, context):
+            message = pb.CompleteStreamResponse(
+                request_id=generation.request_id,
+                model=generation.model,
+                delta=chunk.text,
+                logprobs=chunk.logprobs,
+                finish_reason=chunk.finish_reason,
+            )
+            _decorate(message, generation, chunk, first)
+            yield message
+
+    async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:  # noqa: N802
+        parsed = validation.validate_embed(request, self._d.limits)
+        caller = self._caller(context)
+        request_id = _request_id(parsed.request_id)
+        with self._deadline():
+            result = await self._d.embedder.embed(parsed, caller, request_id)
+        response = pb.EmbedResponse(request_id=request_id, model=result.model, usage=result.usage)
+        for index, values in enumerate(result.vectors):
+            response.embeddings.add(index=index, values=values)
+        return response
+
+    async def CountTokens(  # noqa: N802
+        self, request: pb.CountTokensRequest, context: Context
+    ) -> pb.CountTokensResponse:
+        validation.validate_count(request, self._d.limits)
+        caller = self._caller(context)
+        caller.require_scope(SCOPE_COMPLETION, SCOPE_EMBEDDING)
+        if request.model == AUTO_MODEL:
+            raise InvalidArgument(
+                [FieldViolation("model", "name a model; `auto` resolves per request")]
+            )
+        spec = self._d.router.resolve(request.model, GENERATION)
+        policy = self._d.policies.for_tenant(caller.tenant_id)
+        caller.require_model(spec, policy.admission.allowed_tiers)
+        with self._deadline():
+            if request.messages:
+                ids = await self._d.tokenizer.chat_prompt(spec.name, request.messages)
+            else:
+                ids = await self._d.tokenizer.encode(spec.name, request.prompt)
+        return pb.CountTokensResponse(
+            request_id=_request_id(""),
+            model=spec.name,
+            tokens=len(ids),
+            context_length=spec.context_length,
+        )
+
+    async def ListModels(  # noqa: N802
+        self, request: pb.ListModelsRequest, context: Context
+    ) -> pb.ListModelsResponse:
+        caller = self._caller(context)
+        allowed = self._d.policies.for_tenant(caller.tenant_id).admission.allowed_tiers
+        return pb.ListModelsResponse(
+            models=[
+                pb.ModelInfo(
+                    name=spec.name,
+                    aliases=spec.aliases,
+                    kind=_KINDS.get(spec.kind, common_pb2.MODEL_KIND_UNSPECIFIED),
+                    context_length=spec.context_length,
+                    tier=spec.tier,
+                    regions=ModelRouter.regions(spec),
+                )
+                for spec in self._d.router.visible(caller, allowed)
+            ]
+        )
+
+    async def _unary(
+        self, parsed: GenerationRequest, context: Context
+    ) -> tuple[_Answer, Generation]:
+        caller = self._caller(context)
+        with self._deadline():
+            generation = await self._open(parsed, caller, stream=False)
+            answer = _Answer()
+            try:
+                async with aclosing(generation.chunks()) as chunks:
+                    async for chunk in chunks:
+                        _collect(answer, chunk)
+            finally:
+                generation.abandon()
+        return answer, generation
+
+    async def _stream(
+        self, parsed: GenerationRequest, context: Context
+    ) -> AsyncIterator[tuple[Generation, Chunk, bool]]:
+        caller = self._caller(context)
+        with self._deadline():
+            generation = await self._open(parsed, caller, stream=True)
+            try:
+                first = True
+                async with aclosing(generation.chunks()) as chunks:
+                    async for chunk in chunks:
+                        yield generation, chunk, first
+                        first = False
+            finally:
+                generation.abandon()
+
+    async def _open(self, parsed: GenerationRequest, caller: Caller, *, stream: bool) -> Generation:
+        request_id = _request_id(parsed.request_id)
+        return await self._d.pipeline.open(parsed, caller, request_id=request_id, stream=stream)
+
+    def _caller(self, context: Context) -> Caller:
+        return caller_from_metadata(context.invocation_metadata(), self._d.region_header)
+
+    @contextlib.contextmanager
+    def _deadline(self) -> Iterator[None]:
+        """Bound downstream calls by request_timeout_s when the caller set no deadline."""
+        if deadline_var.get() is not None:
+            yield
+            return
+        token = deadline_var.set(deadline_after(self._d.request_timeout_s))
+        try:
+            yield
+        finally:
+            deadline_var.reset(token)
+
+
+def _collect(answer: _Answer, chunk: Chunk) -> None:
+    if chunk.text:
+        answer.text.append(chunk.text)
+    answer.logprobs.extend(chunk.logprobs)
+    if chunk.finish_reason:
+        answer.finish_reason = chunk.finish_reason
+    if chunk.usage is not None:
+        answer.usage = chunk.usage
+
+
+def _decorate(
+    message: pb.ChatStreamResponse | pb.CompleteStreamResponse,
+    generation: Generation,
+    chunk: Chunk,
+    first: bool,
+) -> None:
+    if chunk.usage is not None:
+        message.usage.CopyFrom(chunk.usage)
+    if first:
+        message.cache.CopyFrom(_cache_info(generation))
+
+
+def _cache_info(generation: Generation) -> pb.CacheInfo:
+    return pb.CacheInfo(
+        hit=_CACHE_HITS.get(generation.cache_hit, pb.CACHE_HIT_MISS),
+        similarity=generation.similarity,
+    )
+
+
+def _request_id(client_id: str) -> str:
+    # The client's id when given, else the RPC's x-request-id: one id in logs and response.
+    return client_id or current_request_id() or new_request_id()
+
+
+def _now() -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.GetCurrentTime()
+    return ts

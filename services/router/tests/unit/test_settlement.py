@@ -1,0 +1,291 @@
+"""Settlement: refund the unused quota, settle what was produced or release, spool into the
+durable outbox when billing is down, and replay it (fake billing/auth clients, real SQLite)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from llm_common.errors import InvalidArgument, QuotaExceeded
+from llm_common.outbox import Delivery, Outbox
+from llm_router.admission import Admitter, billing_id
+from llm_router.background import Background
+from llm_router.billing_outbox import BillingSpool, decode, encode
+from llm_router.errors import DependencyUnavailable
+from llm_router.identity import Caller
+from llm_router.observability import RouterMetrics
+from llm_router.policies import AdmissionPolicy
+from llm_router.settlement import Admission, Outcome, Settler
+from llmapi.billing.v1 import billing_service_pb2 as billing_pb
+from llmapi.common.v1 import common_pb2
+
+STOP = common_pb2.FINISH_REASON_STOP
+
+
+class FakeBilling:
+    def __init__(self) -> None:
+        self.down = False
+        self.refuse = False
+        self.settled: list[billing_pb.SettleRequest] = []
+        self.released: list[str] = []
+        self.reserved: list[billing_pb.ReserveRequest] = []
+        self.over_budget = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise DependencyUnavailable("billing")
+        if self.refuse:
+            raise InvalidArgument([])
+
+    async def reserve(self, request: billing_pb.ReserveRequest) -> Any:
+        self._check()
+        if self.over_budget:
+            raise QuotaExceeded([], retry_after_s=60)
+        self.reserved.append(request)
+        return billing_pb.ReserveResponse(request_id=request.request_id)
+
+    async def settle(self, request: billing_pb.SettleRequest, timeout_s: float) -> Any:
+        self._check()
+        self.settled.append(request)
+        return billing_pb.SettleResponse(request_id=request.request_id)
+
+    async def release(self, request_id: str, tenant_id: str, timeout_s: float) -> bool:
+        self._check()
+        self.released.append(request_id)
+        return True
+
+
+class FakeQuota:
+    def __init__(self) -> None:
+        self.down = False
+        self.reserved: list[tuple[str, int]] = []
+        self.refunds: list[tuple[str, int]] = []
+
+    async def reserve(self, tenant: str, key: str, tokens: int, reservation_id: str) -> bool:
+        if self.down:
+            raise DependencyUnavailable("auth")
+        self.reserved.append((reservation_id, tokens))
+        return self.limited
+
+    limited = True
+
+    async def refund(
+        self, tenant: str, key: str, reservation_id: str, tokens: int, timeout_s: float
+    ) -> None:
+        self.refunds.append((reservation_id, tokens))
+
+
+def admission(**kw: Any) -> Admission:
+    base: dict[str, Any] = {
+        "billing_id": "r1", "tenant_id": "acme", "key_id": "k1", "billing_key_id": "k1",
+        "model": "m", "prompt_tokens": 10, "max_tokens": 100, "quota_tokens": 110,
+        "billing_reserved": True, "admitted_at_s": 1_700_000_000.5,
+    }  # fmt: skip
+    base.update(kw)
+    return Admission(**base)
+
+
+@pytest.fixture
+async def outbox(tmp_path: Path, clock: Any) -> Any:
+    box = await Outbox.open(tmp_path / "outbox.sqlite3", synchronous="NORMAL", clock=clock)
+    yield box
+    await box.close()
+
+
+def parts(
+    outbox: Outbox,
+) -> tuple[FakeBilling, FakeQuota, Settler, BillingSpool, CollectorRegistry]:
+    registry = CollectorRegistry()
+    metrics = RouterMetrics(registry)
+    billing, quota = FakeBilling(), FakeQuota()
+    spool = BillingSpool(outbox, billing, timeout_s=1.0, metrics=metrics)  # type: ignore[arg-type]
+    settler = Settler(
+        billing, quota, spool, timeout_s=1.0, metrics=metrics, background=Background()
+    )  # type: ignore[arg-type]
+    return billing, quota, settler, spool, registry
+
+
+async def test_settles_produced_tokens_and_refunds_the_rest(outbox: Outbox) -> None:
+    billing, quota, settler, _, _ = parts(outbox)
+    await settler.settle(admission(), Outcome(10, 7, 4, STOP, produced=True))
+    assert quota.refunds == [("r1", 110 - 17)]
+    (request,) = billing.settled
+    assert (request.prompt_tokens, request.completion_tokens, request.cached_tokens) == (10, 7, 4)
+    # Complete enough for billing to record it even without a reservation.
+    assert (request.tenant_id, request.key_id, request.model) == ("acme", "k1", "m")
+    assert request.admitted_at.seconds == 1_700_000_000
+
+
+async def test_nothing_produced_releases_or_does_nothing(outbox: Outbox) -> None:
+    billing, quota, settler, _, _ = parts(outbox)
+    nothing = Outcome(0, 0, 0, common_pb2.FINISH_REASON_UNSPECIFIED, produced=False)
+    await settler.settle(admission(), nothing)
+    assert billing.released == ["r1"]
+    assert quota.refunds == [("r1", 110)]
+    await settler.settle(
+        admission(billing_id="r2", billing_reserved=False, quota_tokens=0), nothing
+    )
+    assert billing.released == ["r1"]
+    assert billing.settled == []
+
+
+async def test_billing_down_spools_durably_and_replays(outbox: Outbox, clock: Any) -> None:
+    billing, _, settler, spool, registry = parts(outbox)
+    billing.down = True
+    await settler.settle(admission(), Outcome(10, 3, 0, STOP, produced=True))
+    await settler.settle(admission(billing_id="r2"), Outcome(0, 0, 0, STOP, produced=False))
+    assert await outbox.pending() == 2
+    assert registry.get_sample_value("llm_router_settlements_total", {"outcome": "spooled"}) == 2
+    # Still down: the replay keeps them.
+    stats = await outbox.replay_once(spool.send)
+    assert stats.retried == 1
+    billing.down = False
+    clock.advance(5.0)  # past the jittered backoff
+    stats = await outbox.replay_once(spool.send)
+    assert stats.delivered == 2
+    assert [s.request_id for s in billing.settled] == ["r1"]
+    assert billing.released == ["r2"]
+    assert await outbox.pending() == 0
+
+
+async def test_refused_settlements_are_dead_letters_not_retries(outbox: Outbox) -> None:
+    billing, _, settler, spool, registry = parts(outbox)
+    billing.refuse = True
+    await settler.settle(admission(), Outcome(10, 3, 0, STOP, produced=True))
+    assert registry.get_sample_value("llm_router_settlements_total", {"outcome": "failed"}) == 1
+    key, payload = encode(billing_pb.SettleRequest(request_id="x"))
+    await outbox.put(key, payload)
+    (item,) = await outbox.due()
+    assert await spool.send(item) is Delivery.REJECTED
+
+
+def test_outbox_records_round_trip() -> None:
+    settle = billing_pb.SettleRequest(request_id="a", prompt_tokens=3, tenant_id="t")
+    release = billing_pb.ReleaseRequest(request_id="b", tenant_id="t")
+    for request in (settle, release):
+        key, payload = encode(request)
+        assert request.request_id in key
+        assert decode(payload) == request
+    with pytest.raises(ValueError, match="unknown"):
+        decode(b"Zjunk")
+
+
+def test_billing_ids() -> None:
+    caller = Caller("acme", "k1", frozenset())
+    assert billing_id(caller, "", b"x") != billing_id(caller, "", b"x")  # fresh without a client id
+    same = billing_id(caller, "req-1", b"body")
+    assert same == billing_id(caller, "req-1", b"body")  # a retry is idempotent
+    assert same != billing_id(caller, "req-1", b"other body")  # reuse for another request is not
+    assert same != billing_id(Caller("other", "k1", frozenset()), "req-1", b"body")
+    assert len(same) <= 128
+
+
+async def test_admission_degrades_per_policy(outbox: Outbox) -> None:
+    billing, quota, settler, _, _ = parts(outbox)
+    metrics = RouterMetrics(CollectorRegistry())
+    admitter = Admitter(quota, billing, settler, metrics, quota_fail_open=True)  # type: ignore[arg-type]
+    caller = Caller("acme", "k1", frozenset())
+    admit = {
+        "request_id": "r9",
+        "caller": caller,
+        "model": "m",
+        "prompt_tokens": 5,
+        "max_tokens": 5,
+    }
+    held = await admitter.admit(**admit, policy=AdmissionPolicy())
+    assert held.billing_reserved
+    assert held.quota_tokens == 10
+    quota.down, billing.down = True, True
+    degraded = await admitter.admit(**admit, policy=AdmissionPolicy(billing_unavailable="admit"))
+    assert not degraded.billing_reserved
+    assert degraded.quota_tokens == 0
+    with pytest.raises(DependencyUnavailable):
+        await admitter.admit(**admit, policy=AdmissionPolicy(billing_unavailable="reject"))
+    strict = Admitter(quota, billing, settler, metrics, quota_fail_open=False)  # type: ignore[arg-type]
+    with pytest.raises(DependencyUnavailable):
+        await strict.admit(**admit, policy=AdmissionPolicy())
+    # An unlimited key holds nothing, so nothing is refunded later.
+    quota.down, billing.down, quota.limited = False, False, False
+    unlimited = await admitter.admit(**{**admit, "request_id": "r10"}, policy=AdmissionPolicy())
+    assert unlimited.quota_tokens == 0
+    assert unlimited.billing_reserved
+
+
+async def test_refused_budget_gives_the_tokens_back(outbox: Outbox) -> None:
+    billing, quota, settler, _, _ = parts(outbox)
+    admitter = Admitter(
+        quota, billing, settler, RouterMetrics(CollectorRegistry()), quota_fail_open=True
+    )  # type: ignore[arg-type]
+    billing.over_budget = True
+    caller = Caller("acme", "k1", frozenset())
+    with pytest.raises(QuotaExceeded):
+        await admitter.admit(
+            request_id="r5", caller=caller, model="m", prompt_tokens=5, max_tokens=5,
+            policy=AdmissionPolicy(),
+        )  # fmt: skip
+    await settler._background.drain(1.0)
+    assert quota.refunds == [("r5", 10)]
+    assert billing.settled == []
+    assert billing.released == []
+
+
+def test_refusal_memo_expires_and_is_bounded(clock: Any) -> None:
+    from llm_router.admission import RefusalMemo
+
+    memo = RefusalMemo(max_entries=2, max_s=30.0, clock=clock)
+    a, b, c = (Caller(t, "k", frozenset()) for t in ("a", "b", "c"))
+    memo.refused(a, 5.0)
+    memo.refused(b, 1000.0)  # capped at 30 s
+    assert memo.recent(a)
+    assert memo.recent(b)
+    assert not memo.recent(c)
+    clock.advance(6)
+    assert not memo.recent(a)
+    assert memo.recent(b)
+    memo.refused(c, None)
+    memo.refused(a, 1.0)  # evicts the oldest entry (b)
+    assert not memo.recent(b)
+    assert memo.recent(c)
+
+
+async def test_a_caller_that_leaves_during_admission_leaves_nothing_reserved(
+    outbox: Outbox,
+) -> None:
+    import asyncio
+
+    billing, quota, settler, _, _ = parts(outbox)
+    gate = asyncio.Event()
+    original = billing.reserve
+
+    async def slow_reserve(request: billing_pb.ReserveRequest) -> Any:
+        await gate.wait()
+        return await original(request)
+
+    billing.reserve = slow_reserve  # type: ignore[method-assign]
+    admitter = Admitter(
+        quota, billing, settler, RouterMetrics(CollectorRegistry()), quota_fail_open=True
+    )  # type: ignore[arg-type]
+    task = asyncio.ensure_future(
+        admitter.admit(
+            request_id="r7",
+            caller=Caller("acme", "k1", frozenset()),
+            model="m",
+            prompt_tokens=5,
+            max_tokens=5,
+            policy=AdmissionPolicy(),
+        )
+    )
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    gate.set()  # the reservations complete after the caller left ...
+    for _ in range(5):
+        await asyncio.sleep(0)
+    await settler._background.drain(1.0)
+    # ... and are given back: quota refunded, budget reservation released.
+    assert quota.refunds == [("r7", 10)]
+    assert billing.released == ["r7"]

@@ -1,0 +1,90 @@
+"""The official `openai` client, unchanged, through the edge (ext_authz, rate limits, router)."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from .conftest import RunningStack
+
+pytestmark = pytest.mark.e2e
+
+
+def client(stack: RunningStack, key: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=stack.endpoints.openai_base_url, api_key=key, max_retries=0, timeout=60
+    )
+
+
+def test_chat_completion(stack: RunningStack) -> None:
+    reply = client(stack, stack.demo_key).chat.completions.create(
+        model="demo", messages=[{"role": "user", "content": "Hello"}], max_tokens=5, temperature=0
+    )
+    assert reply.object == "chat.completion"
+    assert reply.model == "demo-llama"
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage is not None
+    assert 0 < reply.usage.completion_tokens <= 5
+
+
+def test_chat_completion_stream(stack: RunningStack) -> None:
+    stream = client(stack, stack.demo_key).chat.completions.create(
+        model="demo",
+        messages=[{"role": "user", "content": "Tell me a story"}],
+        max_tokens=6,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    finishes = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert len(finishes) == 1
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens <= 6
+
+
+def test_completion_and_models(stack: RunningStack) -> None:
+    api = client(stack, stack.demo_key)
+    reply = api.completions.create(model="demo", prompt="Once upon a time", max_tokens=3)
+    assert reply.usage is not None
+    assert reply.usage.completion_tokens <= 3
+    assert "demo" in [m.id for m in api.models.list()]
+
+
+def test_bad_key_is_an_authentication_error(stack: RunningStack) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        client(stack, "sk-not-a-key").models.list()
+
+
+def test_unknown_model_is_not_found(stack: RunningStack) -> None:
+    with pytest.raises(openai.NotFoundError) as err:
+        client(stack, stack.demo_key).chat.completions.create(
+            model="no-such-model", messages=[{"role": "user", "content": "x"}]
+        )
+    assert err.value.code == "model_not_found"
+
+
+def embedding_model() -> str | None:
+    from llm_common.models_config import load_catalog
+
+    from .conftest import REPO
+
+    catalog = load_catalog(REPO / "infra" / "config" / "models.yaml", REPO / ".cache" / "models")
+    return next((m.name for m in catalog.models.values() if m.kind == "embedding"), None)
+
+
+def test_embeddings(stack: RunningStack) -> None:
+    model = embedding_model()
+    if model is None:
+        pytest.skip("the catalogue lists no embedding model")
+    reply = client(stack, stack.demo_key).embeddings.create(
+        model=model, input=["hello world", "a cat"]
+    )
+    assert [d.index for d in reply.data] == [0, 1]
+    vectors = [d.embedding for d in reply.data]
+    assert len(vectors[0]) == len(vectors[1]) > 0
+    assert sum(v * v for v in vectors[0]) == pytest.approx(1.0, abs=1e-3)  # unit length
+    assert reply.usage.prompt_tokens > 0

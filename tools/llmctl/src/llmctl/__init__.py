@@ -1,0 +1,1 @@
+"""llmctl: the platform from the command line, through the edge."""
