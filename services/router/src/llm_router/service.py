@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import timestamp_pb2
@@ -28,6 +28,9 @@ from llm_router.requests import GenerationRequest
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
+
+# The chat and completion streams share one message shape under two names.
+StreamMessage = TypeVar("StreamMessage", pb.ChatStreamResponse, pb.CompleteStreamResponse)
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _CACHE_HITS = {
@@ -90,15 +93,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self, request: pb.ChatStreamRequest, context: Context
     ) -> AsyncIterator[pb.ChatStreamResponse]:
         parsed = validation.validate_chat(request, self._d.limits)
-        async for generation, chunk, first in self._stream(parsed, context):
-            message = pb.ChatStreamResponse(
-                request_id=generation.request_id,
-                model=generation.model,
-                delta=chunk.text,
-                logprobs=chunk.logprobs,
-                finish_reason=chunk.finish_reason,
-            )
-            _decorate(message, generation, chunk, first)
+        async for message in self._stream_messages(parsed, context, pb.ChatStreamResponse):
             yield message
 
     async def Complete(  # noqa: N802
@@ -121,15 +116,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self, request: pb.CompleteStreamRequest, context: Context
     ) -> AsyncIterator[pb.CompleteStreamResponse]:
         parsed = validation.validate_complete(request, self._d.limits)
-        async for generation, chunk, first in self._stream(parsed, context):
-            message = pb.CompleteStreamResponse(
-                request_id=generation.request_id,
-                model=generation.model,
-                delta=chunk.text,
-                logprobs=chunk.logprobs,
-                finish_reason=chunk.finish_reason,
-            )
-            _decorate(message, generation, chunk, first)
+        async for message in self._stream_messages(parsed, context, pb.CompleteStreamResponse):
             yield message
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:  # noqa: N802
@@ -202,6 +189,24 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
                 generation.abandon()
         return answer, generation
 
+    async def _stream_messages(
+        self, parsed: GenerationRequest, context: Context, message_type: type[StreamMessage]
+    ) -> AsyncIterator[StreamMessage]:
+        """The generation as stream messages: usage on the last, cache info on the first."""
+        async for generation, chunk, first in self._stream(parsed, context):
+            message = message_type(
+                request_id=generation.request_id,
+                model=generation.model,
+                delta=chunk.text,
+                logprobs=chunk.logprobs,
+                finish_reason=chunk.finish_reason,
+            )
+            if chunk.usage is not None:
+                message.usage.CopyFrom(chunk.usage)
+            if first:
+                message.cache.CopyFrom(_cache_info(generation))
+            yield message
+
     async def _stream(
         self, parsed: GenerationRequest, context: Context
     ) -> AsyncIterator[tuple[Generation, Chunk, bool]]:
@@ -245,18 +250,6 @@ def _collect(answer: _Answer, chunk: Chunk) -> None:
         answer.finish_reason = chunk.finish_reason
     if chunk.usage is not None:
         answer.usage = chunk.usage
-
-
-def _decorate(
-    message: pb.ChatStreamResponse | pb.CompleteStreamResponse,
-    generation: Generation,
-    chunk: Chunk,
-    first: bool,
-) -> None:
-    if chunk.usage is not None:
-        message.usage.CopyFrom(chunk.usage)
-    if first:
-        message.cache.CopyFrom(_cache_info(generation))
 
 
 def _cache_info(generation: Generation) -> pb.CacheInfo:
