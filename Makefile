@@ -16,7 +16,7 @@ TYPED := libs/llm-common/src $(wildcard services/*/src infra/envoy/src infra/loc
          bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e ci model constraints clean up down status envoy-config compose-prepare \
+        test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-router \
         bench-stack
 
@@ -83,6 +83,10 @@ test-e2e: model ## services started as processes
 
 test: model ## every test (the README's command)
 	$(PYTEST) -q -m "not gpu"
+
+# The chaos scenarios stay out of `ci` until the replica-kill one has a longer clean record.
+test-chaos: model ## fault scenarios on a whole local stack: replica kill, billing down, Redis restart
+	$(PYTEST) -q -m chaos
 
 ci: proto-check proto-lint lint typecheck test ## what .ci/run runs
 

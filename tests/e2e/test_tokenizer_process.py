@@ -35,10 +35,19 @@ class Tokenizer:
 
 
 @pytest.fixture
-def tokenizer(models_config: Path, demo_model_dir: Path) -> Iterator[Tokenizer]:
+def faults() -> dict[str, str]:
+    """Extra environment for the process; empty = no fault injection."""
+    return {}
+
+
+@pytest.fixture
+def tokenizer(
+    models_config: Path, demo_model_dir: Path, faults: dict[str, str]
+) -> Iterator[Tokenizer]:
     grpc_port, metrics_port = free_port(), free_port()
     env = {
         **os.environ,
+        **faults,
         "GRPC_PORT": str(grpc_port),
         "METRICS_PORT": str(metrics_port),
         "MODELS_CONFIG": str(models_config),
@@ -113,3 +122,15 @@ def test_logs_are_json_with_request_ids_and_no_prompt_text(tokenizer: Tokenizer)
     assert records, "the service logged nothing"
     assert any(r.get("request_id") == "e2e-req-1" for r in records)
     assert SECRET_TEXT not in stderr
+
+
+@pytest.mark.parametrize(
+    "faults", [{"LLM_FAULTS": "/llmapi.tokenizer.v1.*/Encode:error_rate=1,code=UNAVAILABLE"}]
+)
+def test_fault_injection_is_wired_into_the_server(tokenizer: Tokenizer) -> None:
+    stub = pb_grpc.TokenizerServiceStub(tokenizer.channel)
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Encode(pb.EncodeRequest(model="demo-llama", texts=["x"]), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    count = stub.CountTokens(pb.CountTokensRequest(model="demo-llama", texts=["x"]), timeout=5)
+    assert count.total >= 1  # other methods are untouched; health stayed SERVING (fixture)

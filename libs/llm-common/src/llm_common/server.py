@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from llm_common.config import ServerSettings
+from llm_common.faults import fault_interceptors
 from llm_common.interceptors import CallInterceptor
 from llm_common.logging import get_logger
 from llm_common.metrics import RpcMetrics, serve_metrics
@@ -162,6 +165,9 @@ async def serve(
 
     `ready` is called once the server is SERVING (tests use it to learn the port).
     """
+    faults = fault_interceptors(os.environ)  # off unless LLM_FAULTS is set (chaos tests)
+    if faults:
+        spec = dataclasses.replace(spec, interceptors=(*spec.interceptors, *faults))
     provider = configure_tracing(settings.service_name, settings.otlp_endpoint)
     endpoint = None if settings.metrics_port is None else serve_metrics(settings.metrics_port)
     stop = stop if stop is not None else asyncio.Event()
