@@ -11,11 +11,10 @@ from tokenizers import (
     models,
     normalizers,
     pre_tokenizers,
-    processors,
-    trainers,
 )
 
 from llm_common.detokenizer import MAX_HELD_TOKENS, REPLACEMENT_CHAR, IncrementalDetokenizer
+from llm_common.testing import train_tiny_tokenizer
 
 TEXTS = [
     "plain ASCII text, nothing special.",
@@ -25,32 +24,10 @@ TEXTS = [
     " leading space and trailing newline\n",
 ]
 
-BOS, EOS, PAD = "<s>", "</s>", "<pad>"
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Tokenizers split text into tokens; detokenizers join them again.",
-    "Hello world, hello tokens, hello streams.",
-    "日本語のテキストと中文文本 mixed with English words.",
-] * 20
-
 
 @pytest.fixture(scope="module")
 def tiny_tokenizer() -> Tokenizer:
-    """Byte-level BPE with few merges: most non-ASCII characters span several tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=[BOS, EOS, PAD],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
-    )
-    return tok
+    return train_tiny_tokenizer()
 
 
 @pytest.fixture(scope="module")

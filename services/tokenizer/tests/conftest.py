@@ -7,39 +7,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer
 
 from llm_common.models_config import ModelCatalog, load_catalog
+from llm_common.testing import TINY_BOS, TINY_EOS, TINY_PAD, train_tiny_tokenizer
 
-BOS, EOS, PAD = "<s>", "</s>", "<pad>"
-CORPUS = [
-    "The quick brown fox jumps over the lazy dog.",
-    "Tokenizers split text into tokens; detokenizers join them again.",
-    "Hello world, hello tokens, hello streams.",
-    "日本語のテキストと中文文本 mixed with English words.",
-] * 20
+BOS, EOS, PAD = TINY_BOS, TINY_EOS, TINY_PAD
 TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{{ eos_token }}"
     "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
 )
-
-
-def train_tiny_tokenizer() -> Tokenizer:
-    """Byte-level BPE with few merges: most non-ASCII characters span several tokens."""
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=[BOS, EOS, PAD],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer=trainer)
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", special_tokens=[(BOS, tok.token_to_id(BOS))]
-    )
-    return tok
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import redis
@@ -32,6 +32,9 @@ from llm_common.config import ServerSettings
 from llm_common.logging import configure_logging
 from llm_common.metrics import RpcMetrics
 from llm_common.server import Hook, ServiceSpec, running
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 LOCAL_REDIS_URL = "redis://127.0.0.1:6379/15"  # DB 15: kept apart from a developer's data
 _REDIS_START_TIMEOUT_S = 10.0
@@ -250,3 +253,33 @@ def _wait_for_redis(embedded: EmbeddedRedis) -> None:
         time.sleep(0.02)  # polling a child process; there is no readiness event to await
     embedded.stop()
     raise RuntimeError("redis-server did not become ready in time")
+
+
+TINY_BOS, TINY_EOS, TINY_PAD = "<s>", "</s>", "<pad>"
+_TINY_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Tokenizers split text into tokens; detokenizers join them again.",
+    "Hello world, hello tokens, hello streams.",
+    "日本語のテキストと中文文本 mixed with English words.",
+] * 20
+
+
+def train_tiny_tokenizer() -> Tokenizer:
+    """Byte-level BPE with few merges, so most non-ASCII characters span several tokens; BOS is
+    added by the post-processor. For tests (needs the `tokenizers` package)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=[TINY_BOS, TINY_EOS, TINY_PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_TINY_CORPUS, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{TINY_BOS} $A", special_tokens=[(TINY_BOS, tok.token_to_id(TINY_BOS))]
+    )
+    return tok
