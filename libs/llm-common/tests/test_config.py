@@ -136,3 +136,22 @@ def test_env_list() -> None:
     assert env_list({"L": "a, b,,c ,"}, "L") == ("a", "b", "c")
     assert env_list({}, "L", ["x"]) == ("x",)
     assert env_list({"L": " "}, "L") == ()
+
+
+def test_positive_int_tables() -> None:
+    from dataclasses import dataclass
+
+    from llm_common.config import positive_ints_from_env, require_positive
+
+    @dataclass(frozen=True)
+    class Limits:
+        batch: int = 8
+        depth: int = 2
+
+    table = {"batch": "X_BATCH", "depth": "X_DEPTH"}
+    assert positive_ints_from_env({"X_BATCH": "64"}, table, Limits()) == {"batch": 64, "depth": 2}
+    with pytest.raises(ConfigError, match=r"^X_DEPTH"):
+        positive_ints_from_env({"X_DEPTH": "0"}, table, Limits())
+    require_positive(Limits(), table)
+    with pytest.raises(ConfigError, match=r"^X_BATCH: must be >= 1"):
+        require_positive(Limits(batch=0), table)

@@ -194,3 +194,20 @@ class ServerSettings:
 def _check_port(name: str, port: int) -> None:
     if not 0 <= port <= 65535:
         raise ConfigError.for_variable(name, f"must be a port in 0..65535, got {port}")
+
+
+def require_positive(values: object, variables: Mapping[str, str]) -> None:
+    """Check that each field named in `variables` (field → variable) is >= 1."""
+    for name, variable in variables.items():
+        if getattr(values, name) < 1:
+            raise ConfigError.for_variable(variable, "must be >= 1")
+
+
+def positive_ints_from_env(
+    environ: Mapping[str, str], variables: Mapping[str, str], defaults: object
+) -> dict[str, int]:
+    """Field → value for a table of field → variable, each >= 1, defaulting to `defaults`."""
+    return {
+        name: env_int(environ, variable, getattr(defaults, name), min_value=1)
+        for name, variable in variables.items()
+    }

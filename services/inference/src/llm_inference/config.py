@@ -17,6 +17,8 @@ from llm_common.config import (
     env_float,
     env_int,
     env_str,
+    positive_ints_from_env,
+    require_positive,
 )
 
 SERVICE_NAME = "inference"
@@ -57,9 +59,7 @@ class EngineSettings:
         _one_of("INFERENCE_DEVICE", self.device, DEVICES)
         if not (math.isfinite(self.gpu_memory_fraction) and 0 < self.gpu_memory_fraction <= 1):
             raise ConfigError.for_variable("INFERENCE_GPU_MEMORY_FRACTION", "must be in (0, 1]")
-        for name, variable in _ENGINE_INTS.items():
-            if getattr(self, name) < 1:
-                raise ConfigError.for_variable(variable, "must be >= 1")
+        require_positive(self, _ENGINE_INTS)
         if self.quantization == "int8" and self.backend != "torch":
             raise ConfigError.for_variable(
                 "INFERENCE_QUANTIZATION", "int8 is a torch-backend option"
@@ -68,10 +68,7 @@ class EngineSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         defaults = cls()
-        ints = {
-            name: env_int(environ, variable, getattr(defaults, name), min_value=1)
-            for name, variable in _ENGINE_INTS.items()
-        }
+        ints = positive_ints_from_env(environ, _ENGINE_INTS, defaults)
         return cls(
             backend=env_str(environ, "INFERENCE_BACKEND", defaults.backend).lower(),
             device=env_str(environ, "INFERENCE_DEVICE", defaults.device).lower(),
@@ -108,18 +105,11 @@ class Limits:
     embed_batch_size: int = 32  # texts per encoder forward pass
 
     def __post_init__(self) -> None:
-        for name, variable in _LIMIT_VARIABLES.items():
-            if getattr(self, name) < 1:
-                raise ConfigError.for_variable(variable, "must be >= 1")
+        require_positive(self, _LIMIT_VARIABLES)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
-        defaults = cls()
-        values = {
-            name: env_int(environ, variable, getattr(defaults, name), min_value=1)
-            for name, variable in _LIMIT_VARIABLES.items()
-        }
-        return cls(**values)
+        return cls(**positive_ints_from_env(environ, _LIMIT_VARIABLES, cls()))
 
 
 _LIMIT_VARIABLES = {

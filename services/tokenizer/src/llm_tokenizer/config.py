@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from llm_common.config import MIB, ConfigError, ServerSettings, env_int, env_str
+from llm_common.config import (
+    MIB,
+    ServerSettings,
+    env_str,
+    positive_ints_from_env,
+    require_positive,
+)
 
 SERVICE_NAME = "tokenizer"
 DEFAULT_GRPC_PORT = 50052
@@ -26,18 +32,11 @@ class Limits:
     max_messages: int = 1024  # messages per chat
 
     def __post_init__(self) -> None:
-        for name, variable in _LIMIT_VARIABLES.items():
-            if getattr(self, name) < 1:
-                raise ConfigError.for_variable(variable, "must be >= 1")
+        require_positive(self, _LIMIT_VARIABLES)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
-        defaults = cls()
-        values = {
-            name: env_int(environ, variable, getattr(defaults, name), min_value=1)
-            for name, variable in _LIMIT_VARIABLES.items()
-        }
-        return cls(**values)
+        return cls(**positive_ints_from_env(environ, _LIMIT_VARIABLES, cls()))
 
 
 _LIMIT_VARIABLES = {
