@@ -107,10 +107,17 @@ async def _set_health(built: BuiltServer, spec: ServiceSpec, status: Any) -> Non
         await built.health.set(name, status)
 
 
+# grpc.aio's stop() has been seen to never return after the grace period; shutdown must end.
+STOP_MARGIN_S = 5.0
+
+
 async def _stop(built: BuiltServer, grace_s: float) -> None:
     # Probes see NOT_SERVING first, so load balancers drain before the listener closes.
     await built.health.enter_graceful_shutdown()
-    await built.server.stop(grace_s)
+    try:
+        await asyncio.wait_for(built.server.stop(grace_s), grace_s + STOP_MARGIN_S)
+    except TimeoutError:
+        _log.warning("server stop overran its grace period; giving up on it", grace_s=grace_s)
 
 
 @contextlib.asynccontextmanager

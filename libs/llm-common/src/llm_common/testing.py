@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import functools
@@ -82,7 +83,9 @@ async def running_server(
         try:
             yield RunningServer(built.port, channel, built.health, built.server)
         finally:
-            await channel.close()
+            # Bounded like the server's own stop: a test must fail, never hang, on teardown.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(channel.close(), 5.0)
 
 
 def bytes_service(
