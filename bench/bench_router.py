@@ -1,9 +1,10 @@
 """Router benchmark: what the full router path adds over calling inference directly, and how
 much prefix-affinity routing improves TTFT over round-robin on a shared-prefix workload.
 
-Everything runs as real processes on loopback: the tokenizer, auth and billing services (one
-helper process, on the real Redis), inference replicas (`python -m llm_inference`, real engine
-on the demo checkpoint) and the router (`python -m llm_router`). No Envoy.
+Everything runs as real processes on loopback: the tokenizer, auth, billing and cache services
+(one process each, as deployed, on the real Redis), inference replicas (`python -m
+llm_inference`, real engine on the demo checkpoint) and the router (`python -m llm_router`).
+No Envoy.
 
 1. Overhead, concurrency 1: the same chat requests (greedy, 4 tokens) through the router's Chat
    (tokenize, token quota, budget reserve, route, generate, guard, settle) and directly to the
@@ -260,86 +261,106 @@ def _write_policies(work: Path) -> Path:
     return path
 
 
-# --- the helper process: tokenizer, auth and billing in one event loop --------------------
+# --- the helper processes: tokenizer, auth, billing and cache, one process each -----------
+
+DEP_SERVICES = ("tokenizer", "auth", "billing", "cache")
 
 
-async def _serve_deps(config: dict[str, Any]) -> None:
+def _dep_spec(name: str, config: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(server settings, service spec, app) of one dependency, as its own process runs it."""
     from prometheus_client import CollectorRegistry
 
-    from llm_auth.config import RedisSettings as AuthRedis
-    from llm_auth.config import Settings as AuthSettings
-    from llm_auth.metrics import AuthMetrics
-    from llm_auth.principal import KeyLimits
-    from llm_auth.server import AuthApp
-    from llm_auth.testing import TEST_PEPPER, AuthHarness
-    from llm_billing.config import LedgerSettings, RedisSettings
-    from llm_billing.config import Settings as BillingSettings
-    from llm_billing.metrics import BillingMetrics
-    from llm_billing.prices import load_prices
-    from llm_billing.server import build_billing
-    from llm_billing.server import build_spec as billing_spec
+    from llm_common.config import ServerSettings
+
+    server = ServerSettings(service_name=name, grpc_port=config[name], metrics_port=None)
+    if name == "tokenizer":
+        from llm_common.models_config import load_catalog
+        from llm_tokenizer.config import Limits
+        from llm_tokenizer.registry import load_registry
+        from llm_tokenizer.server import build_spec as tokenizer_spec
+
+        catalog = load_catalog(Path(config["models"]), Path(config["work"]))
+        return server, tokenizer_spec(load_registry(catalog), Limits()), None
+    if name == "billing":
+        from llm_billing.config import LedgerSettings, RedisSettings
+        from llm_billing.config import Settings as BillingSettings
+        from llm_billing.metrics import BillingMetrics
+        from llm_billing.prices import load_prices
+        from llm_billing.server import build_billing
+        from llm_billing.server import build_spec as billing_spec
+
+        billing = build_billing(
+            BillingSettings(
+                server=server,
+                redis=RedisSettings(config["redis"]),
+                prices_config=PRICES,
+                ledger=LedgerSettings(key_prefix=f"{config['prefix']}billing:"),
+            ),
+            load_prices(PRICES, "USD"),
+            metrics=BillingMetrics(CollectorRegistry()),
+        )
+        return server, billing_spec(billing), None
+    if name == "auth":
+        from llm_auth.config import RedisSettings as AuthRedis
+        from llm_auth.config import Settings as AuthSettings
+        from llm_auth.metrics import AuthMetrics
+        from llm_auth.server import AuthApp
+        from llm_auth.testing import TEST_PEPPER
+
+        auth_settings = AuthSettings(
+            server=server,
+            pepper=TEST_PEPPER,
+            redis=AuthRedis(url=config["redis"], prefix=f"{config['prefix']}auth:"),
+        )
+        app = AuthApp(auth_settings, metrics=AuthMetrics(CollectorRegistry()))
+        return server, app.spec(), app
     from llm_cache.config import RedisSettings as CacheRedis
     from llm_cache.config import SemanticSettings
     from llm_cache.config import Settings as CacheSettings
     from llm_cache.metrics import CacheMetrics
     from llm_cache.server import CacheApp
     from llm_cache.server import build_spec as cache_spec
-    from llm_common.config import ServerSettings
-    from llm_common.logging import configure_logging
-    from llm_common.models_config import load_catalog
-    from llm_common.server import running as running_server
-    from llm_tokenizer.config import Limits
-    from llm_tokenizer.registry import load_registry
-    from llm_tokenizer.server import build_spec as tokenizer_spec
 
-    # Logs go to stderr (a file): stdout is a pipe the parent reads only one line from.
-    configure_logging("bench-deps", os.environ.get("LOG_LEVEL", "WARNING"), stream=sys.stderr)
-
-    def server(name: str, port: int) -> ServerSettings:
-        return ServerSettings(service_name=name, grpc_port=port, metrics_port=None)
-
-    catalog = load_catalog(Path(config["models"]), Path(config["work"]))
-    billing = build_billing(
-        BillingSettings(
-            server=server("billing", config["billing"]),
-            redis=RedisSettings(config["redis"]),
-            prices_config=PRICES,
-            ledger=LedgerSettings(key_prefix=f"{config['prefix']}billing:"),
-        ),
-        load_prices(PRICES, "USD"),
-        metrics=BillingMetrics(CollectorRegistry()),
-    )
-    auth_settings = AuthSettings(
-        server=server("auth", config["auth"]),
-        pepper=TEST_PEPPER,
-        redis=AuthRedis(url=config["redis"], prefix=f"{config['prefix']}auth:"),
-    )
-    app = AuthApp(auth_settings, metrics=AuthMetrics(CollectorRegistry()))
     # Exact-match cache only: the semantic encoder would compete for the 2 cores.
     cache_settings = CacheSettings(
-        server=server("cache", config["cache"]),
+        server=server,
         redis=CacheRedis(url=config["redis"], key_prefix=f"{config['prefix']}cache:"),
         semantic=SemanticSettings(enabled=False),
     )
     cache = CacheApp(cache_settings, None, metrics=CacheMetrics(CollectorRegistry()))
-    tok = tokenizer_spec(load_registry(catalog), Limits())
-    async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(running_server(server("tok", config["tokenizer"]), tok))
-        await stack.enter_async_context(
-            running_server(server("billing", config["billing"]), billing_spec(billing))
-        )
-        await stack.enter_async_context(running_server(auth_settings.server, app.spec()))
-        await stack.enter_async_context(running_server(cache_settings.server, cache_spec(cache)))
-        harness = AuthHarness(app, config["auth"], None)  # type: ignore[arg-type]
-        record, _ = await harness.create_key(
-            config["tenant"],
-            scopes=tuple(SCOPES.split(",")),
-            limits=KeyLimits(tokens_per_minute=10**9),
-        )
-        print(json.dumps({"key_id": record.key_id}), flush=True)
+    return server, cache_spec(cache), None
+
+
+async def _serve_dep(name: str, config: dict[str, Any]) -> None:
+    """Serve one dependency until SIGTERM; auth also creates the benchmark's API key."""
+    from llm_common.logging import configure_logging
+    from llm_common.server import running as running_server
+
+    # Logs go to stderr (a file): stdout is a pipe the parent reads only one line from.
+    configure_logging(f"bench-{name}", os.environ.get("LOG_LEVEL", "WARNING"), stream=sys.stderr)
+    server, spec, app = _dep_spec(name, config)
+    async with running_server(server, spec):
+        ready: dict[str, Any] = {"ready": name}
+        if name == "auth":
+            from llm_auth.principal import KeyLimits
+            from llm_auth.testing import AuthHarness
+
+            harness = AuthHarness(app, config["auth"], None)  # type: ignore[arg-type]
+            record, _ = await harness.create_key(
+                config["tenant"],
+                scopes=tuple(SCOPES.split(",")),
+                limits=KeyLimits(tokens_per_minute=10**9),
+            )
+            ready["key_id"] = record.key_id
+        print(json.dumps(ready), flush=True)
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await stop.wait()
+    if name == "auth":
+        await _forget_keys(config)
+
+
+async def _forget_keys(config: dict[str, Any]) -> None:
     import redis.asyncio
 
     client = redis.asyncio.Redis.from_url(config["redis"])
@@ -349,40 +370,41 @@ async def _serve_deps(config: dict[str, Any]) -> None:
     await client.aclose()
 
 
-def _deps(logdir: Path, work: Path) -> tuple[Proc, dict[str, Any]]:
+def _deps(logdir: Path, work: Path) -> tuple[list[Proc], dict[str, Any]]:
+    """Start the four dependencies, each in its own process as deployed; wait until they serve."""
     config: dict[str, Any] = {
-        "tokenizer": free_port(),
-        "auth": free_port(),
-        "billing": free_port(),
-        "cache": free_port(),
+        **{name: free_port() for name in DEP_SERVICES},
         "redis": redis_url_for_tests(),
         "prefix": f"bench:router:{uuid.uuid4().hex[:8]}:",
         "tenant": f"bench{uuid.uuid4().hex[:8]}",
         "models": str(work / "models.yaml"),
         "work": str(work),
     }
-    args = [sys.executable, __file__, "--deps", json.dumps(config)]
     level = os.environ.get("BENCH_LOG_LEVEL", "WARNING")
-    process = subprocess.Popen(
-        args,
-        env={**os.environ, "LOG_LEVEL": level},
-        stdout=subprocess.PIPE,
-        stderr=(logdir / "deps.log").open("wb"),
-        cwd=ROOT,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline().decode()
-    if not line:
-        raise RuntimeError("the deps process failed: " + (logdir / "deps.log").read_text()[-3000:])
-    key = json.loads(line)["key_id"]
+    procs: list[Proc] = []
+    for name in DEP_SERVICES:
+        args = [sys.executable, __file__, "--deps", json.dumps(config), "--dep", name]
+        process = subprocess.Popen(
+            args,
+            env={**os.environ, "LOG_LEVEL": level, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=(logdir / f"{name}.log").open("wb"),
+            cwd=ROOT,
+        )
+        procs.append(Proc(name, process, int(config[name])))
+    key = ""
+    for proc in procs:
+        assert proc.process.stdout is not None
+        line = proc.process.stdout.readline().decode()
+        if not line:
+            log = (logdir / f"{proc.name}.log").read_text()[-3000:]
+            raise RuntimeError(f"{proc.name} failed: {log}")
+        key = json.loads(line).get("key_id", key)
     deps = {
-        "tokenizer": f"127.0.0.1:{config['tokenizer']}",
-        "auth": f"127.0.0.1:{config['auth']}",
-        "billing": f"127.0.0.1:{config['billing']}",
-        "cache": f"127.0.0.1:{config['cache']}",
+        **{name: f"127.0.0.1:{config[name]}" for name in DEP_SERVICES},
         "metadata": (("x-tenant-id", config["tenant"]), ("x-key-id", key), ("x-scopes", SCOPES)),
     }
-    return Proc("deps", process, int(config["tokenizer"])), deps
+    return procs, deps
 
 
 # --- 1. overhead ---------------------------------------------------------------------------
@@ -640,7 +662,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         _write_models(work / "models.yaml", work / "demo-llama", [])
         logdir = args.logdir or work
         logdir.mkdir(parents=True, exist_ok=True)
-        deps_proc, deps = _deps(logdir, work)
+        deps_procs, deps = _deps(logdir, work)
         try:
             replica = _inference(logdir, work, "overhead-replica", prefix_caching=False, kv_mib=16)
             async with running([replica], logdir):
@@ -664,7 +686,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         overhead[name]["phase_mean_ms"] = phase_means_ms(router.metrics_port)
             affinity = await measure_affinity(deps, logdir, work)
         finally:
-            _stop(deps_proc)
+            for proc in deps_procs:
+                _stop(proc)
     return {"overhead": overhead, "prefix_affinity": affinity}
 
 
@@ -676,7 +699,7 @@ def _machine(load_before: tuple[float, float, float]) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
-        "processes": "deps (tokenizer+auth+billing), inference x1-2, router; loopback gRPC",
+        "processes": "tokenizer, auth, billing, cache, inference x1-2, router: one process each",
     }
 
 
@@ -718,10 +741,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=200, help="overhead requests per path")
     parser.add_argument("--out", type=Path, default=RESULTS / "router.json")
     parser.add_argument("--logdir", type=Path, help="keep the services' logs here")
-    parser.add_argument("--deps", help=argparse.SUPPRESS)  # internal: run the helper process
+    parser.add_argument("--deps", help=argparse.SUPPRESS)  # internal: run a helper process
+    parser.add_argument("--dep", choices=DEP_SERVICES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.deps:
-        asyncio.run(_serve_deps(json.loads(args.deps)))
+        asyncio.run(_serve_dep(args.dep, json.loads(args.deps)))
         return 0
     load_before = os.getloadavg()
     result = asyncio.run(run(args))

@@ -13,6 +13,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from llm_common.channels import make_channel
@@ -130,6 +131,29 @@ async def test_one_trace_across_hops(hops: Hops) -> None:
     # A client and a server span per hop.
     assert names == [f"/{INNER}/Whoami"] * 2 + [f"/{OUTER}/Forward"] * 2
     assert len({span.context.trace_id for span in spans}) == 1
+    # Each server span is the child of the client span that made its call.
+    by_kind = {(span.name, span.kind): span for span in spans}
+    for method in (f"/{INNER}/Whoami", f"/{OUTER}/Forward"):
+        client = by_kind[(method, SpanKind.CLIENT)]
+        server = by_kind[(method, SpanKind.SERVER)]
+        assert server.parent is not None
+        assert server.parent.span_id == client.context.span_id
+        assert server.attributes is not None
+        assert server.attributes["rpc.grpc.status_code"] == 0
+    outer_server = by_kind[(f"/{OUTER}/Forward", SpanKind.SERVER)]
+    inner_client = by_kind[(f"/{INNER}/Whoami", SpanKind.CLIENT)]
+    assert inner_client.parent is not None
+    assert inner_client.parent.span_id == outer_server.context.span_id
+
+
+async def test_failed_calls_mark_their_spans(hops: Hops) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await bytes_unary(hops.outer, f"/{OUTER}/Forward")(b"not json")
+    assert caught.value.code() is grpc.StatusCode.INTERNAL
+    (server,) = [s for s in hops.spans.get_finished_spans() if s.kind is SpanKind.SERVER]
+    assert server.status.status_code is StatusCode.ERROR
+    assert server.attributes is not None
+    assert server.attributes["rpc.grpc.status_code"] == grpc.StatusCode.INTERNAL.value[0]
 
 
 async def test_access_log_and_metrics(hops: Hops, json_logs: LogCapture) -> None:

@@ -1,4 +1,4 @@
-"""The grpc.aio server interceptor: request id, deadline, access log + metrics, error mapping.
+"""The grpc.aio server interceptor: span, request id, deadline, access log + metrics, errors.
 
 One interceptor does all four jobs with one wrapper per method, reused while the method's handler
 stays the same: stacking an interceptor per job re-wrapped every handler on every call.
@@ -19,11 +19,13 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
 
 from llm_common.deadlines import deadline_after, deadline_var
 from llm_common.errors import ServiceError
 from llm_common.logging import get_logger, request_id_var
 from llm_common.metrics import RpcMetrics, default_rpc_metrics, split_method
+from llm_common.tracing import ServerSpan, rpc_tracer
 
 REQUEST_ID_HEADER = "x-request-id"
 INTERNAL_MESSAGE = "internal error"
@@ -64,18 +66,25 @@ class _Method:
     name: str
     quiet: bool
     metrics: RpcMetrics
+    tracer: trace.Tracer | None  # None: no span (probes, reflection)
 
 
 class _Call:
     """Bookkeeping of one RPC: context variables in, metrics and the access log line out."""
 
-    __slots__ = ("_deadline_token", "_id_token", "_method", "_peer", "_start")
+    __slots__ = ("_deadline_token", "_id_token", "_method", "_peer", "_span", "_start")
 
     def __init__(self, method: _Method, context: Context) -> None:
         self._method = method
         # Read now: grpc crashes the process when peer() is called on a cancelled stream.
         self._peer = "" if method.quiet else context.peer()
-        self._id_token = request_id_var.set(request_id_from(context.invocation_metadata()))
+        metadata = context.invocation_metadata()
+        self._span = (
+            None
+            if method.tracer is None
+            else ServerSpan.start(method.tracer, method.full_name, metadata)
+        )
+        self._id_token = request_id_var.set(request_id_from(metadata))
         self._deadline_token = deadline_var.set(deadline_after(context.time_remaining()))
         method.metrics.started(method.service, method.name)
         self._start = time.perf_counter()
@@ -93,19 +102,21 @@ class _Call:
         method = self._method
         duration = time.perf_counter() - self._start
         code = _final_code(context, error)
-        method.metrics.finished(method.service, method.name, code, duration)
-        _access_log(method, code, duration, self._peer)
+        method.metrics.finished(method.service, method.name, code.name, duration)
+        _access_log(method, code.name, duration, self._peer)
         deadline_var.reset(self._deadline_token)
         request_id_var.reset(self._id_token)
+        if self._span is not None:
+            self._span.end(code)
 
 
-def _final_code(context: Context, error: BaseException | None) -> str:
+def _final_code(context: Context, error: BaseException | None) -> grpc.StatusCode:
     if isinstance(error, asyncio.CancelledError | GeneratorExit):
-        return "CANCELLED"
+        return grpc.StatusCode.CANCELLED
     code = context.code()
-    if code is not None:
-        return str(code.name)
-    return "UNKNOWN" if error is not None else "OK"
+    if isinstance(code, grpc.StatusCode):
+        return code
+    return grpc.StatusCode.UNKNOWN if error is not None else grpc.StatusCode.OK
 
 
 def _access_log(method: _Method, code: str, duration: float, peer: str) -> None:
@@ -187,7 +198,8 @@ def wrap_handler(
 
 
 class CallInterceptor(grpc.aio.ServerInterceptor):
-    """Request id and deadline context variables, `llm_rpc_*` metrics, one access log line per
+    """A server span continuing the caller's trace (not for health probes or reflection),
+    request id and deadline context variables, `llm_rpc_*` metrics, one access log line per
     RPC (no payloads, no metadata), and errors mapped to rich statuses.
 
     ServiceError becomes its google.rpc status; anything unexpected becomes a generic INTERNAL
@@ -196,9 +208,13 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
     """
 
     def __init__(
-        self, metrics: RpcMetrics | None = None, quiet_methods: Iterable[str] = ()
+        self,
+        metrics: RpcMetrics | None = None,
+        quiet_methods: Iterable[str] = (),
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         self._metrics = metrics
+        self._tracer_provider = tracer_provider
         self._quiet = frozenset(quiet_methods)
         # method -> (handler seen, its wrapper); an inner interceptor that builds a handler per
         # call simply misses, so the cache never serves a stale or foreign handler.
@@ -223,6 +239,8 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
 
     def _describe(self, full_name: str) -> _Method:
         service, name = split_method(full_name)
-        quiet = service in QUIET_SERVICES or full_name in self._quiet
+        probe = service in QUIET_SERVICES
+        quiet = probe or full_name in self._quiet
         metrics = self._metrics or default_rpc_metrics()
-        return _Method(full_name, service, name, quiet, metrics)
+        tracer = None if probe else rpc_tracer(self._tracer_provider)
+        return _Method(full_name, service, name, quiet, metrics, tracer)

@@ -21,7 +21,7 @@ from llm_common.faults import fault_interceptors
 from llm_common.interceptors import CallInterceptor
 from llm_common.logging import get_logger
 from llm_common.metrics import RpcMetrics, serve_metrics
-from llm_common.tracing import configure_tracing, server_tracing_interceptor
+from llm_common.tracing import configure_tracing
 
 Hook = Callable[[], Awaitable[None]]
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -67,11 +67,8 @@ def default_interceptors(
     tracer_provider: trace.TracerProvider | None = None,
     quiet_methods: frozenset[str] = frozenset(),
 ) -> list[grpc.aio.ServerInterceptor]:
-    """Outermost first: the span, then request id, deadline, access log, metrics, errors."""
-    return [
-        server_tracing_interceptor(tracer_provider),
-        CallInterceptor(metrics, quiet_methods),
-    ]
+    """The span, request id, deadline, access log, metrics and errors: one interceptor."""
+    return [CallInterceptor(metrics, quiet_methods, tracer_provider)]
 
 
 def build_server(

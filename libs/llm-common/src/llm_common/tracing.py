@@ -1,15 +1,20 @@
-"""OpenTelemetry setup: tracer provider, W3C propagation, OTLP export and gRPC interceptors."""
+"""OpenTelemetry: tracer provider, W3C propagation, OTLP export, and the spans of gRPC calls.
+
+RPC spans are made here by hand instead of by opentelemetry-instrumentation-grpc: its aio
+interceptors cost about 0.1 ms of CPU per call on each side (an extra task and wrapper per
+call), a third of a whole loopback round trip.
+"""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
-from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
 from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -48,48 +53,89 @@ def get_tracer(name: str) -> trace.Tracer:
     return trace.get_tracer(name)
 
 
-class _SkipWriterStreams(grpc.aio.ServerInterceptor):
-    """Applies the OpenTelemetry server interceptor except to `context.write()` style streams.
-
-    The upstream interceptor iterates every streaming behaviour with `async for`, which breaks
-    coroutine handlers that write responses themselves (e.g. the health service's Watch).
-    """
-
-    def __init__(self, inner: grpc.aio.ServerInterceptor) -> None:
-        self._inner = inner
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[Any]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> Any:
-        handler = await continuation(handler_call_details)
-        if handler is None or _is_writer_stream(handler):
-            return handler
-
-        async def resolved(_: grpc.HandlerCallDetails) -> Any:
-            return handler
-
-        return await self._inner.intercept_service(resolved, handler_call_details)
+# Only these keys carry trace context (W3C traceparent/tracestate, baggage).
+_CONTEXT_KEYS = frozenset({"traceparent", "tracestate", "baggage"})
+# Server spans are errors only for these codes (OpenTelemetry RPC conventions); client
+# spans for any code but OK.
+_SERVER_ERROR_CODES = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+RPC_TRACER = "llm_common.rpc"
 
 
-def _is_writer_stream(handler: grpc.RpcMethodHandler[Any, Any]) -> bool:
-    behavior = handler.unary_stream or handler.stream_stream
-    return behavior is not None and inspect.iscoroutinefunction(behavior)
+def rpc_tracer(provider: trace.TracerProvider | None = None) -> trace.Tracer:
+    """The tracer of RPC spans: from `provider`, or the global one (resolved lazily)."""
+    if provider is None:
+        return trace.get_tracer(RPC_TRACER)
+    return provider.get_tracer(RPC_TRACER)
 
 
-def server_tracing_interceptor(
-    tracer_provider: trace.TracerProvider | None = None,
-) -> grpc.aio.ServerInterceptor:
-    """A server span per RPC, continuing the caller's trace from its metadata."""
-    return _SkipWriterStreams(
-        aio_server_interceptor(tracer_provider=tracer_provider)  # type: ignore[no-untyped-call]
+def _rpc_attributes(full_method: str) -> dict[str, str]:
+    service, _, method = full_method.lstrip("/").partition("/")
+    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+
+
+@dataclass(slots=True)
+class ServerSpan:
+    """The span of one served RPC, current while its handler runs."""
+
+    span: trace.Span
+    token: object
+
+    @classmethod
+    def start(
+        cls, tracer: trace.Tracer, full_method: str, metadata: Iterable[tuple[str, Any]] | None
+    ) -> ServerSpan:
+        """Continue the caller's trace from `metadata` (or start one) and make it current."""
+        carrier = {k: v for k, v in metadata or () if k in _CONTEXT_KEYS and isinstance(v, str)}
+        parent = propagate.extract(carrier) if carrier else None
+        span = tracer.start_span(
+            full_method,
+            context=parent,
+            kind=trace.SpanKind.SERVER,
+            attributes=_rpc_attributes(full_method),
+        )
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        return cls(span, token)
+
+    def end(self, code: grpc.StatusCode | None) -> None:
+        """Record the final status, end the span and restore the previous context."""
+        _finish(self.span, code, _SERVER_ERROR_CODES)
+        otel_context.detach(self.token)  # type: ignore[arg-type]
+
+
+def _finish(
+    span: trace.Span, code: grpc.StatusCode | None, errors: frozenset[grpc.StatusCode] | None
+) -> None:
+    if code is not None:
+        span.set_attribute("rpc.grpc.status_code", code.value[0])
+        failed = code is not grpc.StatusCode.OK if errors is None else code in errors
+        if failed:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, code.name))
+    span.end()
+
+
+def start_client_span(tracer: trace.Tracer, full_method: str) -> trace.Span:
+    """A client span for an outgoing call, child of the current context."""
+    return tracer.start_span(
+        full_method, kind=trace.SpanKind.CLIENT, attributes=_rpc_attributes(full_method)
     )
 
 
-def client_tracing_interceptors(
-    tracer_provider: trace.TracerProvider | None = None,
-) -> list[grpc.aio.ClientInterceptor]:
-    """Client spans for the four call shapes, injecting traceparent into outgoing metadata."""
-    make: Callable[..., list[grpc.aio.ClientInterceptor]] = aio_client_interceptors
-    return make(tracer_provider=tracer_provider)
+def context_headers(span: trace.Span) -> list[tuple[str, str]]:
+    """The metadata entries that carry `span`'s context (and current baggage) downstream."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return list(carrier.items())
+
+
+def end_client_span(span: trace.Span, code: grpc.StatusCode | None) -> None:
+    """End a client span with the call's final status (None when it could not be read)."""
+    _finish(span, code, None)

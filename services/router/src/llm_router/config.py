@@ -171,12 +171,17 @@ class DownstreamSettings:
     # How long generation waits for the cache lookup before starting anyway (cancelled on a
     # hit): bounds what a slow cache adds to every miss.
     lookup_grace_s: float = 0.002
+    # Below this recent hit rate generation starts before the lookup answers (a hit cancels
+    # it): the replica's wasted prefill on rare hits is cheaper than the grace on every miss.
+    speculate_below_hit_rate: float = 0.2
 
     def __post_init__(self) -> None:
         for name in ("call_timeout_s", "request_timeout_s", "settle_timeout_s", "breaker_reset_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ConfigError.for_variable(f"ROUTER_{name.upper()}", "must be > 0")
+        if not 0.0 <= self.speculate_below_hit_rate <= 1.0:
+            raise ConfigError.for_variable("ROUTER_SPECULATE_BELOW_HIT_RATE", "must be in [0, 1]")
         if self.breaker_fail_max < 1:
             raise ConfigError.for_variable("ROUTER_BREAKER_FAIL_MAX", "must be >= 1")
 
@@ -197,6 +202,9 @@ class DownstreamSettings:
             overlap_admission=env_bool(environ, "ROUTER_OVERLAP_ADMISSION", d.overlap_admission),
             lookup_grace_s=env_float(
                 environ, "ROUTER_LOOKUP_GRACE_S", d.lookup_grace_s, min_value=0.0
+            ),
+            speculate_below_hit_rate=env_float(
+                environ, "ROUTER_SPECULATE_BELOW_HIT_RATE", d.speculate_below_hit_rate
             ),
         )
 

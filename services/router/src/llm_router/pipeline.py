@@ -22,6 +22,7 @@ from llm_router.observability import RouterMetrics, phase
 from llm_router.policies import PolicyBook, TenantPolicy
 from llm_router.requests import GenerationRequest, Kind
 from llm_router.settlement import Admission, Settler
+from llm_router.speculation import Speculation
 from llm_router.validation import check_max_tokens, fits_context
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 from llmapi.common.v1 import common_pb2
@@ -61,9 +62,11 @@ class Pipeline:
         metrics: RouterMetrics,
         overlap_admission: bool = True,
         lookup_grace_s: float = 0.002,
+        speculate_below_hit_rate: float = 0.0,
     ) -> None:
         self._overlap = overlap_admission
         self._lookup_grace_s = lookup_grace_s
+        self._speculation = Speculation(speculate_below_hit_rate)
         self._router = router
         self._policies = policies
         self._tokenizer = tokenizer
@@ -116,16 +119,19 @@ class Pipeline:
     ) -> Generation:
         # Admission runs alongside the cache lookup and the replica's prefill. Nothing reaches
         # the caller before admission succeeded; a refusal cancels the generation, which frees
-        # its KV blocks at once. Generation waits for the lookup, so a hit costs no replica
-        # work, but only for `lookup_grace_s`: a slow cache must not delay every miss.
+        # its KV blocks at once. While hits are common, generation waits for the lookup, so a
+        # hit costs no replica work, but only for `lookup_grace_s`: a slow cache must not delay
+        # every miss. While they are rare it starts first, and a hit cancels it.
+        dispatch: asyncio.Future[Started] | None = None
+        if key is None or self._speculation.dispatch_early():
+            dispatch = asyncio.ensure_future(self._dispatch(prepared))
         admit = asyncio.ensure_future(self._admit(prepared, info.caller, policy))
         lookup = asyncio.ensure_future(self._lookup(prepared.request, key))
-        dispatch: asyncio.Future[Started] | None = None
         try:
-            if key is not None:
+            if dispatch is None:
                 await asyncio.wait({lookup}, timeout=self._lookup_grace_s)
-            if not lookup.done():
-                dispatch = asyncio.ensure_future(self._dispatch(prepared))
+                if not lookup.done():
+                    dispatch = asyncio.ensure_future(self._dispatch(prepared))
             hit = await lookup
             if hit is None and dispatch is None:
                 dispatch = asyncio.ensure_future(self._dispatch(prepared))
@@ -332,7 +338,9 @@ class Pipeline:
                 return None
         kind = _HIT_LABELS.get(response.kind, "miss")
         self._metrics.cache.labels(kind).inc()
-        return response if kind in ("exact", "semantic") else None
+        hit = kind in ("exact", "semantic")
+        self._speculation.hits.observe(hit)
+        return response if hit else None
 
 
 _HIT_LABELS = {

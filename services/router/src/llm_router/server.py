@@ -173,6 +173,7 @@ async def build_runtime(
         metrics=metrics,
         overlap_admission=d.overlap_admission,
         lookup_grace_s=d.lookup_grace_s,
+        speculate_below_hit_rate=d.speculate_below_hit_rate,
     )
     embedder = Embedder(
         router=router,

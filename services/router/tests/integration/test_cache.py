@@ -37,8 +37,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def router(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Router]:
     catalog = with_deployments(stack.catalog, deployment("d", stack.replica_addrs))
-    # A generous lookup grace: generation never starts before the cache has answered.
-    settings = router_settings(stack, tmp_path_factory.mktemp("r"), lookup_grace_s=5.0)
+    # A generous lookup grace and no speculation: generation never starts before the cache
+    # has answered.
+    settings = router_settings(
+        stack, tmp_path_factory.mktemp("r"), lookup_grace_s=5.0, speculate_below_hit_rate=0.0
+    )
     async with running_router(settings, catalog) as r:
         yield r
 
