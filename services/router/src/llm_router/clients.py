@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import TypeVar
 
 import grpc
+from prometheus_client import Counter
 
 from llm_common.channels import make_channel
 from llm_common.errors import (
@@ -18,6 +19,7 @@ from llm_common.errors import (
 from llm_common.resilience import AsyncBreaker, BreakerOpen
 from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error, is_client_error
 from llm_router.load import LoadSnapshot
+from llm_router.token_memo import TokenMemo, memo_key
 from llmapi.auth.v1 import auth_service_pb2 as auth_pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as auth_grpc
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
@@ -57,33 +59,69 @@ def new_breaker(name: str, *, fail_max: int, reset_s: float) -> AsyncBreaker:
 
 
 class TokenizerClient:
-    """llmapi.tokenizer.v1: the exact prompt tokens. No breaker: without it nothing is admitted."""
+    """llmapi.tokenizer.v1: the exact prompt tokens. No breaker: without it nothing is admitted.
+
+    With a memo, an identical prompt from the same tenant is answered from it (see TokenMemo).
+    """
 
     service = "tokenizer"
 
-    def __init__(self, channel: grpc.aio.Channel, timeout_s: float) -> None:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        timeout_s: float,
+        memo: TokenMemo | None = None,
+        memo_counter: Counter | None = None,
+    ) -> None:
         self._stub = tok_grpc.TokenizerServiceStub(channel)
         self._timeout_s = timeout_s
+        self._memo = memo
+        self._memo_counter = memo_counter
 
     async def chat_prompt(
-        self, model: str, messages: Sequence[common_pb2.ChatMessage]
+        self, model: str, messages: Sequence[common_pb2.ChatMessage], *, tenant: str = ""
     ) -> list[int]:
         """Token ids of the templated conversation, ending with the assistant's turn marker."""
-        request = tok_pb.ApplyChatTemplateRequest(
-            model=model, messages=messages, add_generation_prompt=True
-        )
-        response = await _call(
-            self.service, lambda: self._stub.ApplyChatTemplate(request, timeout=self._timeout_s)
-        )
-        return list(response.token_ids)
 
-    async def encode(self, model: str, text: str) -> list[int]:
+        async def fetch() -> list[int]:
+            request = tok_pb.ApplyChatTemplateRequest(
+                model=model, messages=messages, add_generation_prompt=True
+            )
+            response = await _call(
+                self.service,
+                lambda: self._stub.ApplyChatTemplate(request, timeout=self._timeout_s),
+            )
+            return list(response.token_ids)
+
+        parts = (m.SerializeToString(deterministic=True) for m in messages)
+        return await self._memoized((b"chat", tenant.encode(), model.encode(), *parts), fetch)
+
+    async def encode(self, model: str, text: str, *, tenant: str = "") -> list[int]:
         """Token ids of a raw prompt, with the tokenizer's special tokens (BOS)."""
-        request = tok_pb.EncodeRequest(model=model, texts=[text], add_special_tokens=True)
-        response = await _call(
-            self.service, lambda: self._stub.Encode(request, timeout=self._timeout_s)
-        )
-        return list(response.encodings[0].ids)
+
+        async def fetch() -> list[int]:
+            request = tok_pb.EncodeRequest(model=model, texts=[text], add_special_tokens=True)
+            response = await _call(
+                self.service, lambda: self._stub.Encode(request, timeout=self._timeout_s)
+            )
+            return list(response.encodings[0].ids)
+
+        parts = (b"text", tenant.encode(), model.encode(), text.encode("utf-8", "surrogatepass"))
+        return await self._memoized(parts, fetch)
+
+    async def _memoized(
+        self, parts: Iterable[bytes], fetch: Callable[[], Awaitable[list[int]]]
+    ) -> list[int]:
+        if self._memo is None:
+            return await fetch()
+        key = memo_key(parts)
+        ids = self._memo.get(key)
+        if self._memo_counter is not None:
+            self._memo_counter.labels("miss" if ids is None else "hit").inc()
+        if ids is None:
+            ids = await fetch()
+            self._memo.put(key, ids)
+        return ids
 
 
 class QuotaClient:

@@ -18,6 +18,7 @@ from llm_common.config import (
     env_optional_port,
     env_str,
 )
+from llm_router.token_memo import MemoSettings
 
 SERVICE_NAME = "router"
 DEFAULT_GRPC_PORT = 50053
@@ -231,11 +232,13 @@ class Settings:
     # port, it trusts the identity headers that the edge sets.
     http_host: str = "127.0.0.1"
     http_port: int | None = None
+    token_memo: MemoSettings = field(default_factory=MemoSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         """Read GRPC_PORT, METRICS_PORT, ... (see ServerSettings), MODELS_CONFIG, MODEL_ROOT,
         ROUTER_POLICIES, ROUTER_OUTBOX_DIR, ROUTER_HTTP_HOST, ROUTER_HTTP_PORT (default off),
+        ROUTER_TOKEN_MEMO_TOKENS / _TTL_S (the tokenization memo; 0 tokens = off),
         the *_SERVICE_ADDR variables and ROUTER_*;
         ConfigError names the offending variable."""
         server = ServerSettings.from_env(
@@ -255,4 +258,13 @@ class Settings:
             limits=Limits.from_env(environ),
             http_host=env_str(environ, "ROUTER_HTTP_HOST", "127.0.0.1"),
             http_port=env_optional_port(environ, "ROUTER_HTTP_PORT", None),
+            token_memo=_memo_from_env(environ),
         )
+
+
+def _memo_from_env(environ: Mapping[str, str]) -> MemoSettings:
+    d = MemoSettings()
+    return MemoSettings(
+        max_tokens=env_int(environ, "ROUTER_TOKEN_MEMO_TOKENS", d.max_tokens, min_value=0),
+        ttl_s=env_float(environ, "ROUTER_TOKEN_MEMO_TTL_S", d.ttl_s, min_value=0.001),
+    )

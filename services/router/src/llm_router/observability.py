@@ -96,6 +96,12 @@ class RouterMetrics:
             ["reason"],
             registry=registry,
         )
+        self.token_memo = Counter(
+            "llm_router_token_memo_lookups",
+            "Prompt tokenizations answered from the router's memo (hit) or the tokenizer (miss).",
+            ["result"],
+            registry=registry,
+        )
         self.finished = Counter(
             "llm_router_requests_finished",
             "Generation requests by model and finish reason.",

@@ -192,7 +192,7 @@ class Pipeline:
                 return await self._prepare_auto(request, caller, allowed)
             spec = self._router.resolve(request.model, GENERATION)
             caller.require_model(spec, allowed)
-            prompt = await self._tokenize(spec, request)
+            prompt = await self._tokenize(spec, request, caller)
         max_tokens = check_max_tokens(
             request.sampling,
             len(prompt),
@@ -211,7 +211,7 @@ class Pipeline:
             raise InvalidArgument([FieldViolation("model", "no model is available to `auto`")])
         fitting = 0
         for spec in candidates:
-            prompt = await self._tokenize(spec, request)
+            prompt = await self._tokenize(spec, request, caller)
             s = request.sampling
             if not fits_context(s, len(prompt), spec.context_length, spec.default_max_tokens):
                 continue
@@ -250,10 +250,13 @@ class Pipeline:
             raise Unavailable(f"model {spec.name!r} has no deployment", retry_after_s=60.0)
         return Prepared(spec, prompt, sampling, deployments, request)
 
-    async def _tokenize(self, spec: ModelSpec, request: GenerationRequest) -> list[int]:
+    async def _tokenize(
+        self, spec: ModelSpec, request: GenerationRequest, caller: Caller
+    ) -> list[int]:
+        tenant = caller.tenant_id
         if request.kind is Kind.CHAT:
-            return await self._tokenizer.chat_prompt(spec.name, request.messages)
-        return await self._tokenizer.encode(spec.name, request.prompt)
+            return await self._tokenizer.chat_prompt(spec.name, request.messages, tenant=tenant)
+        return await self._tokenizer.encode(spec.name, request.prompt, tenant=tenant)
 
     async def _admit(self, prepared: Prepared, caller: Caller, policy: TenantPolicy) -> Admission:
         request = prepared.request

@@ -43,6 +43,7 @@ from llm_router.prefix import AffinityTable
 from llm_router.selection import ReplicaSelector
 from llm_router.service import LLMServicer, ServiceDeps
 from llm_router.settlement import Settler
+from llm_router.token_memo import TokenMemo
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
 
@@ -133,7 +134,10 @@ async def build_runtime(
         channels.append(made)
         return made
 
-    tokenizer = TokenizerClient(channel(d.tokenizer_addr), d.call_timeout_s)
+    memo = TokenMemo(settings.token_memo) if settings.token_memo.max_tokens > 0 else None
+    tokenizer = TokenizerClient(
+        channel(d.tokenizer_addr), d.call_timeout_s, memo, metrics.token_memo
+    )
     billing = BillingClient(channel(d.billing_addr), d.call_timeout_s, breakers["billing"])
     quota = None
     if d.auth_addr is not None:

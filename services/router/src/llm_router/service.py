@@ -145,9 +145,13 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         caller.require_model(spec, policy.admission.allowed_tiers)
         with self._deadline():
             if request.messages:
-                ids = await self._d.tokenizer.chat_prompt(spec.name, request.messages)
+                ids = await self._d.tokenizer.chat_prompt(
+                    spec.name, request.messages, tenant=caller.tenant_id
+                )
             else:
-                ids = await self._d.tokenizer.encode(spec.name, request.prompt)
+                ids = await self._d.tokenizer.encode(
+                    spec.name, request.prompt, tenant=caller.tenant_id
+                )
         return pb.CountTokensResponse(
             request_id=_request_id(""),
             model=spec.name,

@@ -431,3 +431,30 @@ async def test_auto_picks_the_model_that_fits(router: Router, stack: Stack) -> N
     details = parse_error(info.value)
     assert details.code == grpc.StatusCode.INVALID_ARGUMENT
     assert details.field_violations[0].field == "messages"
+
+
+async def test_identical_prompts_skip_the_tokenizer_per_tenant(
+    router: Router, stack: Stack
+) -> None:
+    first, second = await stack.tenant(), await stack.tenant()
+
+    def memo(result: str) -> float:
+        return router.metric("llm_router_token_memo_lookups_total", result=result)
+
+    request = pb.ChatRequest(
+        model="demo",
+        messages=[user("A prompt asked twice, word for word.")],
+        sampling=sampling(max_tokens=2, ignore_eos=True),
+        cache=bypass(),
+    )
+    hits, misses = memo("hit"), memo("miss")
+    replies = [
+        await router.stub.Chat(request, metadata=caller.metadata)
+        for caller in (first, first, second)
+    ]
+    # The repeat from the same tenant is answered from the memo; another tenant's identical
+    # prompt is not (the memo is per tenant), and every answer counts the same prompt.
+    assert memo("hit") - hits == 1
+    assert memo("miss") - misses == 2
+    assert len({reply.usage.prompt_tokens for reply in replies}) == 1
+    assert replies[0].usage.prompt_tokens > 0
