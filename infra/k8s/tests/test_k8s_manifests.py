@@ -218,6 +218,8 @@ def test_router_reaches_its_dependencies_through_the_outbound_mesh() -> None:
         "INFERENCE_MESH_ADDR",
     ):
         assert variables[variable] == mesh
+    # Envoy retries those hops; gRPC must not retry them again.
+    assert variables["ROUTER_CHANNEL_RETRIES"] == "false"
 
 
 def test_catalogues_list_the_statefulset_pods_on_their_mesh_port(tmp_path: Path) -> None:

@@ -166,6 +166,10 @@ class DownstreamSettings:
     breaker_fail_max: int = 5
     breaker_reset_s: float = 10.0
     quota_fail_open: bool = True  # admit when auth's token quota cannot be checked
+    # gRPC's own retry of UNAVAILABLE on the tokenizer/auth/billing/cache channels. Turn it off
+    # when those addresses are an Envoy mesh listener, which already retries: never the same
+    # hop at two layers.
+    channel_retries: bool = True
     # Start generation while quota and budget are being reserved; nothing is released to the
     # caller until admission succeeds, and a refusal cancels the generation.
     overlap_admission: bool = True
@@ -200,6 +204,7 @@ class DownstreamSettings:
             breaker_fail_max=env_int(environ, "ROUTER_BREAKER_FAIL_MAX", d.breaker_fail_max),
             breaker_reset_s=env_float(environ, "ROUTER_BREAKER_RESET_S", d.breaker_reset_s),
             quota_fail_open=env_bool(environ, "ROUTER_QUOTA_FAIL_OPEN", d.quota_fail_open),
+            channel_retries=env_bool(environ, "ROUTER_CHANNEL_RETRIES", d.channel_retries),
             overlap_admission=env_bool(environ, "ROUTER_OVERLAP_ADMISSION", d.overlap_admission),
             lookup_grace_s=env_float(
                 environ, "ROUTER_LOOKUP_GRACE_S", d.lookup_grace_s, min_value=0.0

@@ -130,7 +130,11 @@ async def build_runtime(
     channels: list[grpc.aio.Channel] = []
 
     def channel(addr: str) -> grpc.aio.Channel:
-        made = make_channel(addr, max_message_bytes=settings.server.max_message_bytes)
+        made = make_channel(
+            addr,
+            max_message_bytes=settings.server.max_message_bytes,
+            retry_unavailable=d.channel_retries,
+        )
         channels.append(made)
         return made
 
