@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import logging
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 
-from llm_common.logging import get_logger, request_id_var
+from llm_common.logging import (
+    _SECRET_PATTERN,
+    REDACTED,
+    get_logger,
+    request_id_var,
+    scrub_text,
+)
 from llm_common.testing import LogCapture
 
 
@@ -67,3 +75,37 @@ def test_level_filters(json_logs: LogCapture) -> None:
     get_logger("x").info("hidden")
     get_logger("x").warning("shown")
     assert [line["event"] for line in json_logs.records()] == ["shown"]
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(
+    st.lists(
+        st.sampled_from(
+            [
+                "Bearer ",
+                "bEaReR\t",
+                "eyJ",
+                "EYJ",
+                "sk-",
+                "SK_",
+                "llm-",
+                "ſk-",  # long s: the pattern's case-insensitive match takes it for s
+                "password=",
+                "PASSWD: ",
+                "secret=",
+                "api_key=",
+                "Api-Key:",
+                "token: ",
+                "abcdefghijklmnopqrstuvwxyz0123456789",
+                ".",
+                "-",
+                " ",
+                "\u212a",  # the Kelvin sign folds to k
+            ]
+        )
+        | st.text(max_size=12),
+        max_size=8,
+    ).map("".join)
+)
+def test_prefilter_never_changes_what_is_scrubbed(text: str) -> None:
+    assert scrub_text(text) == _SECRET_PATTERN.sub(REDACTED, text)

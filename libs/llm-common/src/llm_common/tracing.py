@@ -19,20 +19,28 @@ from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 
 def configure_tracing(
     service_name: str, otlp_endpoint: str | None, *, set_global: bool = True
 ) -> TracerProvider:
-    """A provider for `service_name`, exporting over OTLP/gRPC only when an endpoint is given.
+    """A provider for `service_name`, exporting over OTLP/gRPC only when an endpoint is given
+    (without one, only spans whose caller sampled them are recorded).
 
     With `set_global` it becomes the process-wide provider and W3C tracecontext + baggage
     become the propagators (OpenTelemetry allows setting the provider once per process).
     """
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    resource = Resource.create({"service.name": service_name})
     if otlp_endpoint:
+        # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), parent-based always-on by default.
+        provider = TracerProvider(resource=resource)
         provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(otlp_endpoint)))
+    else:
+        # Nowhere to export: record only what the caller sampled (someone upstream collects
+        # it), and otherwise only carry the trace context along, which costs next to nothing.
+        provider = TracerProvider(resource=resource, sampler=ParentBased(ALWAYS_OFF))
     if set_global:
         propagate.set_global_textmap(
             CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])

@@ -1,0 +1,39 @@
+"""The tracer provider: what is recorded with and without somewhere to export to."""
+
+from __future__ import annotations
+
+from opentelemetry import propagate, trace
+
+from llm_common.tracing import configure_tracing, context_headers, rpc_tracer, start_client_span
+
+SAMPLED_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+UNSAMPLED_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
+
+
+def test_without_an_exporter_roots_carry_context_but_record_nothing() -> None:
+    tracer = rpc_tracer(configure_tracing("svc", None, set_global=False))
+    span = tracer.start_span("root")
+    assert not span.is_recording()
+    context = span.get_span_context()
+    assert context.is_valid  # ids for logs and for the next hop all the same
+    assert not context.trace_flags.sampled
+    headers = dict(context_headers(span))
+    assert headers["traceparent"].startswith(f"00-{context.trace_id:032x}-")
+
+
+def test_without_an_exporter_a_sampled_caller_is_still_honoured() -> None:
+    tracer = rpc_tracer(configure_tracing("svc", None, set_global=False))
+    for parent, recorded in ((SAMPLED_PARENT, True), (UNSAMPLED_PARENT, False)):
+        context = propagate.extract({"traceparent": parent})
+        span = tracer.start_span("child", context=context)
+        assert span.is_recording() is recorded
+        assert span.get_span_context().trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+
+
+def test_client_span_continues_the_current_trace() -> None:
+    tracer = rpc_tracer(configure_tracing("svc", None, set_global=False))
+    parent = tracer.start_span("parent", context=propagate.extract({"traceparent": SAMPLED_PARENT}))
+    with trace.use_span(parent):
+        child = start_client_span(tracer, "/a.B/C")
+    assert child.get_span_context().trace_id == parent.get_span_context().trace_id
+    assert child.is_recording()
