@@ -8,7 +8,8 @@ No Envoy.
 
 1. Overhead, concurrency 1: the same chat requests (greedy, 4 tokens) through the router's Chat
    (tokenize, token quota, budget reserve, route, generate, guard, settle) and directly to the
-   replica's Generate with the pre-tokenized prompt; interleaved, prefix caching off.
+   replica's Generate with the pre-tokenized prompt; interleaved, prefix caching off. Beside it,
+   the router's call pattern with no logic at all (grpc_skeleton.py): grpc-python's own floor.
 2. Shared prefixes on 2 replicas: 8 long system prompts, each asked 6 questions in shuffled
    order by 2 concurrent clients; KV memory per replica holds about half the prefixes. Mean
    time to first token with the router's expected-wait + prefix-affinity selection vs its
@@ -41,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import grpc_skeleton
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_common.testing import free_port, redis_url_for_tests
@@ -420,6 +422,24 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def measure_skeleton(requests: int) -> dict[str, Any]:
+    """The same call pattern with no logic (grpc_skeleton): the floor under the router."""
+    leaf_port, middle_port = free_port(), free_port()
+    leaf = grpc_skeleton.spawn("leaf", leaf_port)
+    middle = grpc_skeleton.spawn("middle", middle_port, leaf_port)
+    try:
+        cpu_before = _cpu_s(middle.pid)
+        result: dict[str, Any] = await grpc_skeleton.measure(leaf_port, middle_port, requests)
+        result["middle_cpu_ms_per_request"] = round(
+            (_cpu_s(middle.pid) - cpu_before) / (requests + 50) * 1e3, 3
+        )
+    finally:
+        for process in (middle, leaf):
+            process.terminate()
+            process.wait()
+    return result
+
+
 async def measure_overhead(
     deps: dict[str, Any], routers: dict[str, Proc], replica: Proc, requests: int
 ) -> dict[str, Any]:
@@ -681,6 +701,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 async with running(list(routers.values()), logdir):
                     overhead = await measure_overhead(deps, routers, replica, args.requests)
+                    overhead["grpc_skeleton"] = await measure_skeleton(args.requests)
                     for name, router in routers.items():
                         assert router.metrics_port is not None
                         overhead[name]["phase_mean_ms"] = phase_means_ms(router.metrics_port)
