@@ -64,6 +64,8 @@ class Route:
     name: str
     method: str
     metadata: tuple[tuple[str, str], ...]
+    envoy: str = "edge"  # which Envoy: ext_authz on auth's edge listener, or on its main port
+    baseline: str = "no_ext_authz"  # the route without ext_authz on the same Envoy
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -88,6 +90,7 @@ def start_process(args: list[str], env: dict[str, str]) -> subprocess.Popen[byte
 @dataclass(frozen=True)
 class AuthProcess:
     port: int
+    edge_port: int
     metrics_port: int
 
     async def handler_ms(self, service: str, method: str) -> dict[str, float]:
@@ -105,10 +108,11 @@ class AuthProcess:
 @contextlib.asynccontextmanager
 async def auth_process(redis_url: str, prefix: str, jwks: Path) -> AsyncIterator[AuthProcess]:
     """The auth service as its own process (as deployed), on a free port."""
-    port, metrics_port = free_port(), free_port()
+    port, edge_port, metrics_port = free_port(), free_port(), free_port()
     env = {
         **os.environ,
         "GRPC_PORT": str(port),
+        "AUTH_EDGE_PORT": str(edge_port),
         "METRICS_PORT": str(metrics_port),
         "LOG_LEVEL": "WARNING",
         "REDIS_URL": redis_url,
@@ -122,7 +126,7 @@ async def auth_process(redis_url: str, prefix: str, jwks: Path) -> AsyncIterator
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
             await asyncio.wait_for(channel.channel_ready(), 60)
-        yield AuthProcess(port, metrics_port)
+        yield AuthProcess(port, edge_port, metrics_port)
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -141,11 +145,11 @@ async def create_key(redis_url: str, prefix: str, limits: KeyLimits) -> str:
 
 
 async def measure_routes(
-    channel: grpc.aio.Channel, routes: list[Route], requests: int, warmup: int
+    channels: dict[str, grpc.aio.Channel], routes: list[Route], requests: int, warmup: int
 ) -> dict[str, list[float]]:
     """Sequential unary calls (one in flight), routes interleaved in blocks."""
     calls: dict[str, grpc.aio.UnaryUnaryMultiCallable[bytes, bytes]] = {
-        r.name: channel.unary_unary(r.method) for r in routes
+        r.name: channels[r.envoy].unary_unary(r.method) for r in routes
     }
     samples: dict[str, list[float]] = {r.name: [] for r in routes}
     for route in routes:
@@ -243,70 +247,83 @@ async def run(args: argparse.Namespace, signer: JwtSigner, workdir: Path) -> dic
         limited = await create_key(redis_url, prefix, KeyLimits(requests_per_minute=10**9))
         token = signer.token("RS256", standard_claims(ISSUER, AUDIENCE, "bench", ttl_s=3600))
         bearer = f"Bearer {token}"
+        main_base, api_key = "main_port.no_ext_authz", (("x-api-key", key),)
         routes = [
             Route("no_ext_authz", "/echo.Open/Headers", ()),
-            Route("ext_authz_api_key", "/echo.Echo/Headers", (("x-api-key", key),)),
+            Route("ext_authz_api_key", "/echo.Echo/Headers", api_key),
             Route("ext_authz_jwt_rs256", "/echo.Echo/Headers", (("authorization", bearer),)),
             Route("ext_authz_api_key_and_rls", "/echo.Limited/Headers", (("x-api-key", limited),)),
+            Route(main_base, "/echo.Open/Headers", (), "main", main_base),
+            Route("main_port.ext_authz_api_key", "/echo.Echo/Headers", api_key, "main", main_base),
         ]  # fmt: skip
         async with (
             auth_process(redis_url, prefix, jwks) as auth,
             echo_upstream() as upstream_port,
+            contextlib.AsyncExitStack() as stack,
         ):
-            port = free_port()
-            config = render(
-                TEMPLATE, listener_port=port, upstream_port=upstream_port, auth_port=auth.port
-            )
-            async with (
-                running_envoy(config, workdir / "envoy"),
-                grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel,
-            ):
-                samples = await measure_routes(channel, routes, args.requests, args.warmup)
+            channels = {}
+            for name, auth_port in (("edge", auth.edge_port), ("main", auth.port)):
+                port = free_port()
+                config = render(
+                    TEMPLATE, listener_port=port, upstream_port=upstream_port, auth_port=auth_port
+                )
+                await stack.enter_async_context(running_envoy(config, workdir / f"envoy-{name}"))
+                channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+                channels[name] = await stack.enter_async_context(channel)
+            load_before = os.getloadavg()[0]
+            samples = await measure_routes(channels, routes, args.requests, args.warmup)
+            load_after = os.getloadavg()[0]
             handler = {
                 "ext_authz_check": await auth.handler_ms(AUTHZ, "Check"),
                 "should_rate_limit": await auth.handler_ms(RLS, "ShouldRateLimit"),
             }
-            rls = await rls_rate(auth.port, parse_key(limited).key_id, args.seconds, 32)
+            rls = await rls_rate(auth.edge_port, parse_key(limited).key_id, args.seconds, 32)
         lua = await limiter_rate(redis_url, prefix, args.seconds)
     finally:
         await delete_prefix(redis_url, prefix)
-    return report(samples, handler, rls, lua, args, RESULTS / "auth_latency.png")
+    load = {"load_average_1m_before": load_before, "load_average_1m_after": load_after}
+    return report(samples, routes, handler, rls, lua, load, args, RESULTS / "auth_latency.png")
 
 
 def report(
     samples: dict[str, list[float]],
+    routes: list[Route],
     handler: dict[str, dict[str, float]],
     rls: dict[str, float],
     lua: dict[str, float],
+    load: dict[str, float],
     args: argparse.Namespace,
     png: Path,
 ) -> dict[str, Any]:
     stats = {name: summary(values) for name, values in samples.items()}
-    base = stats["no_ext_authz"]
     added = {
-        name: {
-            "p50_ms": round(s["p50_ms"] - base["p50_ms"], 4),
-            "p99_ms": round(s["p99_ms"] - base["p99_ms"], 4),
+        r.name: {
+            "p50_ms": round(stats[r.name]["p50_ms"] - stats[r.baseline]["p50_ms"], 4),
+            "p99_ms": round(stats[r.name]["p99_ms"] - stats[r.baseline]["p99_ms"], 4),
         }
-        for name, s in stats.items()
-        if name != "no_ext_authz"
+        for r in routes
+        if r.name != r.baseline
     }
     plot(samples, png)
     return {
         "benchmark": "auth",
         "what": "unary gRPC through Envoy to an echo upstream, one request in flight; "
-        f"routes interleaved in blocks of {BLOCK}; baseline = same upstream, ext_authz off",
+        f"routes interleaved in blocks of {BLOCK}; baseline = same upstream and Envoy, "
+        "ext_authz off. Two Envoys: one calls auth's edge listener (AUTH_EDGE_PORT, no "
+        "interceptors), the other (main_port.*) auth's main gRPC port with its interceptors; "
+        "ShouldRateLimit decisions/s are measured on the edge listener",
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             # Shared machines: the load says how much the figures may be inflated.
+            **{k: round(v, 2) for k, v in load.items()},
             "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         },
         "envoy": str(envoy_binary()),
         "requests_per_route": args.requests,
         "latency": stats,
         "added_by_ext_authz": added,
-        # Time inside the auth service's interceptors and handler, without gRPC transport.
+        # Time inside the auth service's handler (both listeners), without gRPC transport.
         "auth_service_time_per_rpc": handler,
         "goal": {
             "added_p50_ms_at_most": GOAL_ADDED_P50_MS,
@@ -331,7 +348,8 @@ def main() -> None:
         (workdir / "jwks.json").write_text(json.dumps(signer.jwks()), encoding="utf-8")
         result = asyncio.run(run(args, signer, workdir))
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    keys = ("latency", "added_by_ext_authz", "auth_service_time_per_rpc", "rate_limit_decisions")
+    keys = ["machine", "latency", "added_by_ext_authz", "auth_service_time_per_rpc", "goal"]
+    keys.append("rate_limit_decisions")
     brief = {k: result[k] for k in keys}
     print(json.dumps(brief, indent=2))
 

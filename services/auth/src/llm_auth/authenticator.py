@@ -84,11 +84,11 @@ class Authenticator:
             raise Unauthenticated(str(exc), reason="API_KEY_MALFORMED") from None
         now = self._clock_ms()
         record, from_store = self._recent(key.key_id, key, now), False
-        if record is None:
+        if record is None:  # (a recent record has had this secret checked already)
             record, from_store = await self._lookup(key.key_id)
-        # The secret is checked before anything else is revealed about the key.
-        if record is None or not record.secret_matches(self._pepper, key, now):
-            raise Unauthenticated("API key is invalid", reason="API_KEY_INVALID")
+            # The secret is checked before anything else is revealed about the key.
+            if record is None or not record.secret_matches(self._pepper, key, now):
+                raise Unauthenticated("API key is invalid", reason="API_KEY_INVALID")
         if record.is_revoked():
             self._cache.pop(key.key_id)
             raise Unauthenticated("API key has been revoked", reason="API_KEY_REVOKED")

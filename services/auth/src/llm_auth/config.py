@@ -16,6 +16,7 @@ from llm_common.config import (
     env_float,
     env_int,
     env_list,
+    env_optional_port,
     env_str,
 )
 
@@ -204,6 +205,9 @@ class Settings:
     reservation_ttl_s: float = 3600.0
     default_lease_ttl_s: float = 600.0
     max_lease_ttl_s: float = 3600.0
+    # A second listener with only ext_authz Check and ShouldRateLimit, without interceptors
+    # (see llm_auth.edge); None = off, 0 = a free port.
+    edge_port: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.pepper) < MIN_PEPPER_BYTES:
@@ -219,6 +223,8 @@ class Settings:
                 raise ConfigError.for_variable(
                     "AUTH_BOOTSTRAP_ADMIN_KEY", "must be a key as printed by `keys create`"
                 ) from None
+        if self.edge_port and self.edge_port == self.server.grpc_port:
+            raise ConfigError.for_variable("AUTH_EDGE_PORT", "must differ from GRPC_PORT")
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise ConfigError.for_variable(
                 "AUTH_DEFAULT_LEASE_TTL_S", "must not exceed AUTH_MAX_LEASE_TTL_S"
@@ -252,6 +258,7 @@ class Settings:
             reservation_ttl_s=env_float(environ, "AUTH_RESERVATION_TTL_S", 3600.0, min_value=60),
             default_lease_ttl_s=env_float(environ, "AUTH_DEFAULT_LEASE_TTL_S", 600.0, min_value=1),
             max_lease_ttl_s=env_float(environ, "AUTH_MAX_LEASE_TTL_S", 3600.0, min_value=1),
+            edge_port=env_optional_port(environ, "AUTH_EDGE_PORT", None),
         )
 
 

@@ -10,7 +10,6 @@ from typing import Any
 import grpc
 from envoy.config.core.v3 import base_pb2
 from envoy.service.auth.v3 import external_auth_pb2 as authz_pb
-from envoy.service.auth.v3 import external_auth_pb2_grpc as authz_grpc
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from google.rpc import status_pb2
@@ -39,7 +38,10 @@ _HTTP_STATUS = {
 def request_headers(http: Any) -> dict[str, str]:
     """Lower-cased request headers, from `headers` or (raw header mode) `header_map`."""
     if http.headers:
-        return {key.lower(): value for key, value in http.headers.items()}
+        headers: dict[str, str] = dict(http.headers)
+        if all(key.islower() for key in headers):  # as Envoy sends them: no copy needed
+            return headers
+        return {key.lower(): value for key, value in headers.items()}
     return {
         h.key.lower(): h.raw_value.decode("utf-8", "replace") or h.value
         for h in http.header_map.headers
@@ -129,6 +131,28 @@ def public() -> Any:
     return authz_pb.CheckResponse(status=status_pb2.Status(code=0), ok_response=ok)
 
 
+class AllowedReplies:
+    """Serialized OK replies by principal. A principal's reply never changes, and building it
+    (headers, a Struct) took more time than the rest of Check; the bound keeps memory flat
+    when many distinct JWT subjects pass (a full cache is simply emptied)."""
+
+    def __init__(self, max_entries: int = 10_000) -> None:
+        self._max_entries = max_entries
+        self._replies: dict[Principal, bytes] = {}
+
+    def __len__(self) -> int:
+        return len(self._replies)
+
+    def get(self, principal: Principal) -> bytes:
+        reply = self._replies.get(principal)
+        if reply is None:
+            if len(self._replies) >= self._max_entries:
+                self._replies.clear()
+            reply = allowed(principal).SerializeToString()
+            self._replies[principal] = reply
+        return reply
+
+
 def denied(err: ServiceError, *, grpc_request: bool) -> tuple[int, Any]:
     """The HTTP status and CheckResponse for a failed check, with a body clients can read:
     JSON for HTTP clients, the plain message for gRPC ones (it becomes grpc-message)."""
@@ -157,10 +181,10 @@ def _json_body(http_status: int, err: ServiceError, reason: str) -> str:
     return json.dumps({"error": error})
 
 
-class AuthorizationServicer(authz_grpc.AuthorizationServicer):  # type: ignore[misc]
+class AuthorizationServicer:
     """Check: public paths pass; otherwise the credential must verify and carry the route's
     `required_scopes` and allow the requested model (`x-model` header or the route's `model`
-    context extension)."""
+    context extension). Replies are serialized CheckResponses (see `method_handlers`)."""
 
     def __init__(
         self, authenticator: Authenticator, public_paths: Sequence[str], metrics: AuthMetrics
@@ -168,12 +192,21 @@ class AuthorizationServicer(authz_grpc.AuthorizationServicer):  # type: ignore[m
         self._auth = authenticator
         self._public = frozenset(public_paths)
         self._metrics = metrics
+        self._allowed = AllowedReplies()
+        self._public_reply: bytes = public().SerializeToString()
 
-    async def Check(self, request: Any, context: Context) -> Any:  # noqa: N802
+    def method_handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, bytes]]:
+        """Check's handler: the request is parsed as usual, the reply is sent as given."""
+        handler: grpc.RpcMethodHandler[Any, bytes] = grpc.unary_unary_rpc_method_handler(
+            self.Check, request_deserializer=authz_pb.CheckRequest.FromString
+        )
+        return {"Check": handler}
+
+    async def Check(self, request: Any, context: Context) -> bytes:  # noqa: N802
         http = request.attributes.request.http
         if http.path.partition("?")[0] in self._public:
             self._metrics.ext_authz_answer(200)
-            return public()
+            return self._public_reply
         headers = request_headers(http)
         try:
             principal = await self._principal(request, headers)
@@ -181,9 +214,10 @@ class AuthorizationServicer(authz_grpc.AuthorizationServicer):  # type: ignore[m
             grpc_request = headers.get("content-type", "").startswith("application/grpc")
             http_status, response = denied(err, grpc_request=grpc_request)
             self._metrics.ext_authz_answer(http_status)
-            return response
+            reply: bytes = response.SerializeToString()
+            return reply
         self._metrics.ext_authz_answer(200)
-        return allowed(principal)
+        return self._allowed.get(principal)
 
     async def _principal(self, request: Any, headers: Mapping[str, str]) -> Principal:
         extensions = request.attributes.context_extensions

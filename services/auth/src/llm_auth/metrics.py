@@ -43,9 +43,19 @@ class AuthMetrics:
             ["status"],
             registry=registry,
         )
+        # Label values are few (credential types x outcomes, HTTP statuses).
+        self._children: dict[tuple[str, str], Counter] = {}
+        self._ext_authz_children: dict[int, Counter] = {}
 
     def authenticated(self, credential_type: str, outcome: str) -> None:
-        self.authentications.labels(credential_type, outcome).inc()
+        # Children are looked up once per label set: labels() costs more than inc() on the
+        # ext_authz hot path.
+        child = self._children.get((credential_type, outcome))
+        if child is None:
+            child = self._children[(credential_type, outcome)] = self.authentications.labels(
+                credential_type, outcome
+            )
+        child.inc()
 
     def cache_fallback(self, hit: bool) -> None:
         self.cache_fallbacks.labels("hit" if hit else "miss").inc()
@@ -57,7 +67,10 @@ class AuthMetrics:
         self.limit_failures.labels(kind, mode).inc()
 
     def ext_authz_answer(self, status: int) -> None:
-        self.ext_authz.labels(str(status)).inc()
+        child = self._ext_authz_children.get(status)
+        if child is None:
+            child = self._ext_authz_children[status] = self.ext_authz.labels(str(status))
+        child.inc()
 
 
 @functools.cache

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 from collections.abc import Callable
 
 import grpc
 from envoy.service.auth.v3 import external_auth_pb2 as authz_pb
-from envoy.service.auth.v3 import external_auth_pb2_grpc as authz_grpc
 from envoy.service.ratelimit.v3 import rls_pb2
-from envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
 
 from llm_auth.admin import AdminGate
 from llm_auth.authenticator import Authenticator, now_ms
 from llm_auth.bootstrap import ensure_admin_key, ensure_admin_key_with_retry
 from llm_auth.config import Settings
+from llm_auth.edge import EdgeServer, add_envoy_services, start_edge_server
 from llm_auth.extauthz import AuthorizationServicer
 from llm_auth.jwt_verify import JwtVerifier
 from llm_auth.key_admin import KeyAdmin
@@ -32,6 +32,7 @@ from llm_auth.rls import RateLimitPolicy
 from llm_auth.service import AuthServicer
 from llm_auth.ttl_cache import TtlCache
 from llm_common import server as common_server
+from llm_common.metrics import RpcMetrics
 from llm_common.resilience import BreakerMetrics
 from llm_common.server import BuiltServer, ServiceSpec
 from llmapi.auth.v1 import auth_service_pb2 as pb
@@ -54,8 +55,10 @@ class AuthApp:
         *,
         metrics: AuthMetrics | None = None,
         breaker_metrics: BreakerMetrics | None = None,
+        rpc_metrics: RpcMetrics | None = None,
     ) -> None:
         self.settings = settings
+        self._rpc_metrics = rpc_metrics  # of the edge listener; None = the process-wide ones
         self.metrics = metrics or default_auth_metrics()
         self.redis = connect(settings.redis)
         self.guard = RedisGuard(self.redis, settings.redis, breaker_metrics)
@@ -78,6 +81,9 @@ class AuthApp:
             self.metrics,
             settings.reservation_ttl_s,
         )
+        self.authz = AuthorizationServicer(self.authenticator, settings.public_paths, self.metrics)
+        self.rls = RateLimitServicer(RateLimitPolicy(self.quotas))
+        self.edge: EdgeServer | None = None
         self._bootstrap: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -86,15 +92,25 @@ class AuthApp:
         gate = AdminGate(self.authenticator, s.admin_tenant)
         servicer = AuthServicer(self.authenticator, gate, KeyAdmin(self.keys, gate), self.quotas, s)
         pb_grpc.add_AuthServiceServicer_to_server(servicer, server)
-        authz = AuthorizationServicer(self.authenticator, s.public_paths, self.metrics)
-        authz_grpc.add_AuthorizationServicer_to_server(authz, server)
-        rls = RateLimitServicer(RateLimitPolicy(self.quotas))
-        rls_grpc.add_RateLimitServiceServicer_to_server(rls, server)
+        add_envoy_services(server, self.authz, self.rls)
 
     async def start(self) -> None:
-        """Stores the bootstrap admin key. If Redis is down, that is retried in the background:
-        an outage must not keep the service from answering JWTs and cached keys."""
+        """Stores the bootstrap admin key, then starts the edge listener (if configured; last,
+        so a failed start leaves nothing running). If Redis is down, the bootstrap key is
+        retried in the background: an outage must not keep the service from answering JWTs
+        and cached keys."""
         self.key_events.start()
+        await self._store_bootstrap_key()
+        if self.settings.edge_port is not None:
+            self.edge = await start_edge_server(
+                self.settings.edge_port,
+                self.authz,
+                self.rls,
+                self.settings.server,
+                metrics=self._rpc_metrics,
+            )
+
+    async def _store_bootstrap_key(self) -> None:
         key = self.settings.bootstrap_admin_key
         if key is None:
             return
@@ -117,6 +133,8 @@ class AuthApp:
             self._bootstrap.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._bootstrap
+        if self.edge is not None:
+            await self.edge.stop(self.settings.server.shutdown_grace_s)
         await self.key_events.stop()
         await self.redis.aclose()
 
@@ -139,4 +157,12 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT (or `stop`)."""
     app = AuthApp(settings)
-    await common_server.serve(settings.server, app.spec(), stop=stop, ready=ready)
+
+    def started(built: BuiltServer) -> None:
+        # Everything allocated while starting lives as long as the process: taken out of the
+        # cyclic GC's reach, full collections stop walking it in the middle of edge requests.
+        gc.freeze()
+        if ready is not None:
+            ready(built)
+
+    await common_server.serve(settings.server, app.spec(), stop=stop, ready=started)

@@ -30,6 +30,7 @@ from llm_auth.principal import KeyLimits
 from llm_auth.records import KeyRecord
 from llm_auth.server import AuthApp
 from llm_common.channels import make_channel
+from llm_common.metrics import RpcMetrics
 from llm_common.testing import running_server, settings_for_tests
 
 ENVOY_START_TIMEOUT_S = 20.0
@@ -276,10 +277,13 @@ class AuthHarness:
 
 @contextlib.asynccontextmanager
 async def serving(
-    settings: Settings, metrics: AuthMetrics | None = None
+    settings: Settings, metrics: AuthMetrics | None = None, rpc_metrics: RpcMetrics | None = None
 ) -> AsyncIterator[AuthHarness]:
-    """An auth server (AuthApp) on 127.0.0.1:<free port> with a channel that does not retry."""
-    app = AuthApp(settings, metrics=metrics or AuthMetrics(CollectorRegistry()))
+    """An auth server (AuthApp) on 127.0.0.1:<free port> with a channel that does not retry;
+    `rpc_metrics` are those of its edge listener, if settings enable it."""
+    app = AuthApp(
+        settings, metrics=metrics or AuthMetrics(CollectorRegistry()), rpc_metrics=rpc_metrics
+    )
     async with running_server(app.spec(), settings=settings.server) as server:
         channel = make_channel(f"127.0.0.1:{server.port}", retry_unavailable=False)
         try:

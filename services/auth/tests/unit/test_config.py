@@ -50,6 +50,8 @@ def test_pepper_from_a_file(tmp_path: Path) -> None:
         ),
         ({"AUTH_ADMIN_TENANT": "bad tenant"}, "AUTH_ADMIN_TENANT"),
         ({"AUTH_JWT_REQUESTS_PER_MINUTE": "-5"}, "AUTH_JWT_REQUESTS_PER_MINUTE"),
+        ({"AUTH_EDGE_PORT": "70000"}, "AUTH_EDGE_PORT"),
+        ({"AUTH_EDGE_PORT": "50051"}, "AUTH_EDGE_PORT"),
     ],
 )
 def test_bad_values_name_their_variable(environ: dict[str, str], variable: str) -> None:
@@ -83,3 +85,9 @@ def test_jwt_and_bootstrap_settings() -> None:
     assert s.jwt.enabled
     assert s.jwt.algorithms == ("HS256", "RS256")
     assert s.rate_limit_failure_mode is FailureMode.CLOSED
+
+
+def test_edge_port_is_off_unless_set() -> None:
+    assert Settings.from_env({"AUTH_PEPPER": PEPPER}).edge_port is None
+    assert Settings.from_env({"AUTH_PEPPER": PEPPER, "AUTH_EDGE_PORT": "50061"}).edge_port == 50061
+    assert Settings.from_env({"AUTH_PEPPER": PEPPER, "AUTH_EDGE_PORT": "off"}).edge_port is None

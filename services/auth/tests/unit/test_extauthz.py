@@ -6,9 +6,10 @@ import json
 
 import grpc
 import pytest
-from envoy.service.auth.v3 import attribute_context_pb2
+from envoy.service.auth.v3 import attribute_context_pb2, external_auth_pb2
 
 from llm_auth.extauthz import (
+    AllowedReplies,
     allowed,
     credential_from,
     denied,
@@ -96,3 +97,32 @@ def test_denials_map_to_http_statuses_with_readable_bodies() -> None:
     status, response = denied(Unavailable("down", retry_after_s=1.2), grpc_request=False)
     headers = {h.header.key: h.header.value for h in response.denied_response.headers}
     assert (status, headers["retry-after"]) == (503, "2")
+
+
+def test_allowed_replies_are_the_serialized_allowed_response_built_once() -> None:
+    replies = AllowedReplies()
+    p = Principal("acme", "0123456789abcdef", CredentialType.API_KEY, scopes=("a",))
+    first = replies.get(p)
+    assert external_auth_pb2.CheckResponse.FromString(first) == allowed(p)
+    assert (
+        replies.get(Principal("acme", "0123456789abcdef", CredentialType.API_KEY, ("a",))) is first
+    )
+    other = Principal("acme", "fedcba9876543210", CredentialType.API_KEY, scopes=("a",))
+    assert external_auth_pb2.CheckResponse.FromString(replies.get(other)) == allowed(other)
+    assert len(replies) == 2
+
+
+def test_allowed_replies_stay_bounded() -> None:
+    replies = AllowedReplies(max_entries=3)
+    principals = [Principal("acme", f"{i:016x}", CredentialType.JWT) for i in range(10)]
+    for p in principals:
+        assert external_auth_pb2.CheckResponse.FromString(replies.get(p)) == allowed(p)
+        assert len(replies) <= 3
+
+
+def test_headers_are_lower_cased_whatever_their_source() -> None:
+    http = attribute_context_pb2.AttributeContext.HttpRequest()
+    http.headers["x-api-key"] = KEY
+    assert request_headers(http) == {"x-api-key": KEY}
+    http.headers["X-Model"] = "m"
+    assert request_headers(http) == {"x-api-key": KEY, "x-model": "m"}
