@@ -3,6 +3,7 @@ client deadlines, filter order, fail-closed auth, retries, outlier detection, pa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,13 +13,14 @@ from llm_envoy import bootstrap, layouts
 from llm_envoy.clusters import REPLICA_CLUSTER
 from llm_envoy.filters import IDENTITY_HEADERS
 from llm_envoy.routes import LLM_METHODS, Kind
-from llm_envoy.topology import REPLICA_HEADER, Endpoint
+from llm_envoy.topology import AUTH_EDGE_HEALTH, AUTH_EDGE_PORT, REPLICA_HEADER, Endpoint
 
 Config = dict[str, Any]
 
 
 def configs() -> dict[str, Config]:
-    local = layouts.local_layout(layouts.LocalPorts(), otlp=Endpoint("127.0.0.1", 4317))
+    ports = layouts.LocalPorts(auth_edge=AUTH_EDGE_PORT)
+    local = layouts.local_layout(ports, otlp=Endpoint("127.0.0.1", 4317))
     found = {"local": bootstrap.local_config(local)}
     found["k8s-edge"] = bootstrap.k8s_edge_config(layouts.k8s_edge_layout())
     found["k8s-router"] = bootstrap.k8s_sidecar_config("router")
@@ -156,7 +158,8 @@ def test_health_checked_clusters_eject_and_never_panic(flavour: str) -> None:
         thresholds = cluster["circuit_breakers"]["thresholds"][0]
         assert thresholds["retry_budget"]["budget_percent"]["value"] == 20.0
         (check,) = cluster["health_checks"]
-        assert check["grpc_health_check"]["service_name"].startswith("llmapi.")
+        service = check["grpc_health_check"]["service_name"]
+        assert service.startswith("llmapi.") or service == AUTH_EDGE_HEALTH, name
 
 
 def test_local_mesh_reaches_chosen_replicas_by_original_destination() -> None:
@@ -220,3 +223,14 @@ def test_openai_paths_go_through_ext_authz_with_scopes_and_rate_limits() -> None
     context = chat["typed_per_filter_config"]["envoy.filters.http.ext_authz"]["check_settings"]
     assert context["context_extensions"]["required_scopes"] == "completion:write"
     assert chat["route"]["rate_limits"]
+
+
+def test_local_edge_sends_ext_authz_and_rate_limits_to_the_lean_listener() -> None:
+    config = CONFIGS["local"]
+    edge = clusters(config)["auth_edge"]
+    assert edge["health_checks"][0]["grpc_health_check"]["service_name"] == AUTH_EDGE_HEALTH
+    text = json.dumps(config)
+    assert '"cluster_name": "auth_edge"' in text
+    # Without the listener (the default) both filters use auth's main port.
+    plain = bootstrap.local_config(layouts.local_layout(layouts.LocalPorts()))
+    assert "auth_edge" not in json.dumps(plain)

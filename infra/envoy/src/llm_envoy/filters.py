@@ -63,13 +63,13 @@ def strip_identity_filter() -> Config:
     )
 
 
-def ext_authz_filter() -> Config:
+def ext_authz_filter(cluster: str = "auth") -> Config:
     """Fail closed: with auth down a request must not pass unauthenticated."""
     return _filter(
         EXT_AUTHZ,
         EXT_AUTHZ,
         transport_api_version="V3",
-        grpc_service={"envoy_grpc": {"cluster_name": "auth"}, "timeout": "0.5s"},
+        grpc_service={"envoy_grpc": {"cluster_name": cluster}, "timeout": "0.5s"},
         failure_mode_allow=False,
         status_on_error={"code": "ServiceUnavailable"},
         allowed_headers={"patterns": [{"exact": h} for h in AUTHZ_HEADERS]},
@@ -100,7 +100,7 @@ def rbac_filter(rules: Config | None = None) -> Config:
     return _filter(RBAC, RBAC) if rules is None else _filter(RBAC, RBAC, rules=rules)
 
 
-def ratelimit_filter() -> Config:
+def ratelimit_filter(cluster: str = "auth") -> Config:
     """Requests per minute per key and tenant, decided by auth's RateLimitService.
 
     After the transcoder, so it sees the gRPC route. Fails open (a rate-limit outage must not
@@ -117,7 +117,7 @@ def ratelimit_filter() -> Config:
         enable_x_ratelimit_headers="DRAFT_VERSION_03",
         rate_limit_service={
             "transport_api_version": "V3",
-            "grpc_service": {"envoy_grpc": {"cluster_name": "auth"}},
+            "grpc_service": {"envoy_grpc": {"cluster_name": cluster}},
         },
     )
 
@@ -132,15 +132,19 @@ def router_filter() -> Config:
     return _filter("envoy.filters.http.router", "router")
 
 
-def edge_filters() -> list[Config]:
-    """Order matters: strip spoofed identity, authenticate, transcode, rate limit, route."""
+def edge_filters(auth_cluster: str = "auth") -> list[Config]:
+    """Order matters: strip spoofed identity, authenticate, transcode, rate limit, route.
+
+    `auth_cluster` answers ext_authz and rate-limit calls: auth's main port, or its lean
+    edge listener where the layout has one (`auth_edge`).
+    """
     return [
         health_check_filter(),
         strip_identity_filter(),
-        ext_authz_filter(),
+        ext_authz_filter(auth_cluster),
         rbac_filter(),
         transcoder_filter(),
-        ratelimit_filter(),
+        ratelimit_filter(auth_cluster),
         router_filter(),
     ]
 

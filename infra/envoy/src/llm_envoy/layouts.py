@@ -13,6 +13,8 @@ from llm_envoy.routes import (
 )
 from llm_envoy.topology import (
     ADMIN_PORT,
+    AUTH_EDGE,
+    AUTH_EDGE_HEALTH,
     EDGE_HTTP_PORT,
     EDGE_TLS_PORT,
     MESH_INBOUND_PORT,
@@ -52,6 +54,9 @@ class LocalPorts:
     router_http: int = ROUTER_HTTP_PORT
     grpc: Mapping[str, int] = field(default_factory=_default_grpc_ports)
     inference: tuple[int, ...] = (50054, 50064)  # generation replicas Envoy balances over
+    # auth's lean listener for ext_authz and rate limits (AUTH_EDGE_PORT, default 50061 where
+    # the stack starts auth with it); None: Envoy calls auth's main port for them.
+    auth_edge: int | None = None
 
 
 def local_layout(
@@ -76,6 +81,10 @@ def local_layout(
     upstreams["router_http"] = Upstream(
         "router_http", (Endpoint(LOOPBACK, ports.router_http),), http1=True
     )
+    if ports.auth_edge is not None:
+        upstreams[AUTH_EDGE] = Upstream(
+            AUTH_EDGE, (Endpoint(LOOPBACK, ports.auth_edge),), health_service=AUTH_EDGE_HEALTH
+        )
     return Layout(
         flavour=Flavour.LOCAL,
         upstreams=upstreams,

@@ -52,6 +52,10 @@ MESH_OUTBOUND_PORT = 15001  # a pod's own services call the mesh here (loopback 
 MESH_INBOUND_PORT = 15006  # peers reach a pod's sidecar here (mTLS)
 # Services the router calls through the mesh (inference is reached per replica).
 ROUTER_DEPENDENCIES = ("tokenizer", "cache", "billing", "auth")
+# auth's lean listener for Envoy's per-request ext_authz and rate-limit calls (AUTH_EDGE_PORT).
+AUTH_EDGE = "auth_edge"
+AUTH_EDGE_PORT = 50061
+AUTH_EDGE_HEALTH = "envoy.service.auth.v3.Authorization"
 
 
 class Flavour(enum.Enum):
