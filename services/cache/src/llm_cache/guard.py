@@ -119,6 +119,7 @@ class Mismatch(enum.StrEnum):
     DETAIL = "detail"
     DIRECTION = "direction"
     QUESTION = "question"
+    SIMILARITY = "similarity"  # two questions below the threshold plus the question margin
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +130,8 @@ class Features:
     initialisms: frozenset[str]  # initials of capitalised word runs ("ml" for Machine Learning)
     content: frozenset[str]  # stems of the words that are not stopwords
     negated: bool  # has a negation cue (parity fails on "No, it doesn't ...")
+    bare_negation: bool  # a cue with no content word after it ("has not.", "should I not do?")
+    asks: bool  # contains a question mark anywhere
     negated_terms: frozenset[str]  # first term after a cue, odd count ("not [safe]")
     negation_scope: frozenset[str]  # every term a few words after any cue
     numbers: tuple[str, ...]  # sorted, normalised ("2,000" -> "2000", "two" -> "2")
@@ -153,6 +156,8 @@ def extract(text: str) -> Features:
         initialisms=_initialisms(raw),
         content=frozenset(content),
         negated=any(cues),
+        bare_negation=_bare_negation(cues, lower),
+        asks="?" in text,
         negated_terms=_negated_terms(cues, lower, stems),
         negation_scope=_negation_scope(cues, lower, stems),
         numbers=_numbers(lower),
@@ -169,7 +174,7 @@ def extract(text: str) -> Features:
 
 def check(query: Features, stored: Features) -> Mismatch | None:
     """The first reason the two prompts must not share an answer, or None."""
-    if query.negated != stored.negated or _negation_flips(query, stored):
+    if _negation_differs(query, stored):
         return Mismatch.NEGATION
     if query.numbers != stored.numbers:
         return Mismatch.NUMBER
@@ -182,6 +187,30 @@ def check(query: Features, stored: Features) -> Mismatch | None:
     if query.question and stored.question and query.question != stored.question:
         return Mismatch.QUESTION
     return None
+
+
+def required_similarity(
+    query: Features, stored: Features, threshold: float, question_margin: float
+) -> float:
+    """The similarity a candidate needs: short questions that ask different things (honest /
+    innocent, Chennai / Kolkata) embed closer together than reworded statements do, so two
+    questions need `question_margin` more."""
+    if query.question and stored.question:
+        return min(1.0, threshold + question_margin)
+    return threshold
+
+
+def _negation_differs(one: Features, other: Features) -> bool:
+    """A term negated in one prompt only; or a negation in one prompt only, where that is
+    telling: in a question, or when the cue negates no content word the term check could see.
+    Statements are reworded with and without cue words ("optional" / "not mandatory", "zero-
+    copy" / "without copying"), so there the term check alone decides."""
+    if _negation_flips(one, other):
+        return True
+    if one.negated == other.negated:
+        return False
+    negated = one if one.negated else other
+    return one.asks or other.asks or negated.bare_negation
 
 
 def _negation_flips(one: Features, other: Features) -> bool:
@@ -264,6 +293,13 @@ def _negated_terms(cues: list[bool], lower: list[str], stems: list[str]) -> froz
                 counts[stems[j]] = counts.get(stems[j], 0) + 1
                 break
     return frozenset(term for term, n in counts.items() if n % 2)
+
+
+def _bare_negation(cues: list[bool], lower: list[str]) -> bool:
+    return any(
+        not any(_is_content(w) for w in lower[i + 1 : i + 1 + _NEGATION_REACH])
+        for i in _scoping_cues(cues, lower)
+    )
 
 
 def _negation_scope(cues: list[bool], lower: list[str], stems: list[str]) -> frozenset[str]:

@@ -15,7 +15,7 @@ from redis.backoff import NoBackoff
 
 from llm_cache.cache import ResponseCache
 from llm_cache.config import RedisSettings, SemanticSettings, Settings
-from llm_cache.encoder import Encoder, EncoderLoadError, default_model_dir
+from llm_cache.encoder import Encoder, EncoderLoadError, default_model_dir, fast_dtype
 from llm_cache.index import VectorIndex
 from llm_cache.metrics import CacheMetrics, default_cache_metrics
 from llm_cache.semantic import SemanticEngine
@@ -49,9 +49,16 @@ def redis_client(settings: RedisSettings, *, timeout_s: float | None = None) -> 
 def load_encoder(settings: SemanticSettings) -> Encoder:
     """The configured encoder; ConfigError (naming CACHE_ENCODER_DIR) when it cannot load."""
     try:
-        return Encoder(settings.model_dir or default_model_dir())
+        return Encoder(settings.model_dir or default_model_dir(), dtype=encoder_dtype(settings))
     except (EncoderLoadError, OSError, ImportError) as exc:
         raise ConfigError.for_variable("CACHE_ENCODER_DIR", str(exc)) from exc
+
+
+def encoder_dtype(settings: SemanticSettings) -> torch.dtype:
+    """The torch dtype CACHE_ENCODER_DTYPE names ("auto": what this CPU runs fastest)."""
+    if settings.encoder_dtype == "auto":
+        return fast_dtype()
+    return torch.bfloat16 if settings.encoder_dtype == "bfloat16" else torch.float32
 
 
 class CacheApp:

@@ -195,6 +195,23 @@ async def test_a_paraphrase_gets_a_semantic_hit(served, req) -> None:
     assert found.response.text == "Paris."
 
 
+@pytest.mark.parametrize(("margin", "expected"), [(0.2, "guard_similarity"), (0.0, "")])
+async def test_two_questions_need_the_question_margin(
+    make_settings, serve_cache, req, margin: float, expected: str
+) -> None:
+    async with serve_cache(make_settings(question_margin=margin)) as served:
+        await served.stub.Store(req.store(req.key("How can I learn to play the guitar quickly?")))
+        found = await served.stub.Lookup(
+            req.lookup(req.key("What is the fastest way to learn guitar?"), threshold=0.75)
+        )
+        stats = await served.stub.Stats(pb.StatsRequest(tenant_id="tenant-a"))
+
+    # The pair's similarity is about 0.9: above 0.75, below 0.75 + 0.2.
+    assert found.reason == expected
+    assert (found.kind == pb.HIT_KIND_SEMANTIC) == (not expected)
+    assert stats.guard_rejections == (1 if expected else 0)
+
+
 async def test_semantic_lookup_is_opt_in_and_threshold_overridable(served, req) -> None:
     await served.stub.Store(req.store(req.key("How can I learn to play the guitar quickly?")))
     paraphrase = req.key("What is the fastest way to learn guitar?")

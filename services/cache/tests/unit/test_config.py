@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
-from llm_cache.config import Settings
+from llm_cache.config import SemanticSettings, Settings
+from llm_cache.encoder import fast_dtype
+from llm_cache.server import encoder_dtype
 from llm_common.config import ConfigError
 
 
@@ -15,6 +18,7 @@ def test_defaults() -> None:
     assert settings.semantic.threshold == 0.85
     assert settings.policy.default_ttl_s == 86_400
     assert settings.redis.key_prefix == "llmcache:"
+    assert settings.semantic.encoder_dtype == "auto"
 
 
 def test_overrides() -> None:
@@ -25,6 +29,7 @@ def test_overrides() -> None:
             "CACHE_TENANT_BUDGET_BYTES": "16777216",
             "CACHE_SEMANTIC_GUARD": "false",
             "CACHE_ENCODER_DIR": "/models/minilm",
+            "CACHE_ENCODER_DTYPE": "float32",
         }
     )
     assert settings.redis.url == "redis://cache-redis:6379/2"
@@ -32,6 +37,7 @@ def test_overrides() -> None:
     assert settings.policy.tenant_budget_bytes == 16 << 20
     assert not settings.semantic.guard
     assert str(settings.semantic.model_dir) == "/models/minilm"
+    assert settings.semantic.encoder_dtype == "float32"
 
 
 @pytest.mark.parametrize(
@@ -46,9 +52,18 @@ def test_overrides() -> None:
         ({"CACHE_SEMANTIC_CANDIDATES": "40", "CACHE_PREFILTER_KEEP": "16"},
          "CACHE_SEMANTIC_CANDIDATES"),
         ({"GRPC_PORT": "70000"}, "GRPC_PORT"),
+        ({"CACHE_ENCODER_DTYPE": "int4"}, "CACHE_ENCODER_DTYPE"),
     ],
 )  # fmt: skip
 def test_bad_values_name_the_variable(environ: dict[str, str], variable: str) -> None:
     with pytest.raises(ConfigError) as caught:
         Settings.from_env(environ)
     assert caught.value.variable == variable
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("auto", fast_dtype())],
+)
+def test_encoder_dtype_names(name: str, expected: torch.dtype) -> None:
+    assert encoder_dtype(SemanticSettings(encoder_dtype=name)) == expected

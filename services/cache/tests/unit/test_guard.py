@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_cache.guard import Mismatch, check, extract, stem
+from llm_cache.guard import Mismatch, check, extract, required_similarity, stem
 
 
 def verdict(stored: str, query: str) -> Mismatch | None:
@@ -36,8 +36,11 @@ def verdict(stored: str, query: str) -> Mismatch | None:
         ("Where can I learn Java for free?", "How do I learn Java for free?", "question"),
         ("What is biogas?", "What is a biogas plant?", "detail"),
         ("Where can I buy weed?", "Where can I buy weed in the UK?", "detail"),
+        ("It makes a table from the chunks it has.", "It makes a table from the chunks it has not.",
+         "negation"),
+        ("I plan a trip. What should I do?", "I plan a trip. What should I not do?", "negation"),
     ],
-)
+)  # fmt: skip
 def test_meaning_changes_are_refused(stored: str, query: str, expected: str) -> None:
     assert verdict(stored, query) == Mismatch(expected)
 
@@ -56,6 +59,13 @@ def test_meaning_changes_are_refused(stored: str, query: str, expected: str) -> 
         ("No, LOAD_HU doesn't exist in v2.10.0.", "LOAD_HU is not available in v2.10.0."),
         ("The parameter defaults to None.", "By default the parameter is None."),
         ("Use data without downloading it.", "Use data without needing to download it."),
+        # Statements reworded with and without a cue word: the negated terms decide.
+        ("The `slice` method computes a zero-copy slice of the table.",
+         "The `slice` method produces a slice of the table without any copying."),
+        ("The parameter is optional and defaults to True.",
+         "The parameter is not mandatory and is set to True by default."),
+        # A word swapped for one of its variants is a rewording, not a new question.
+        ("How can I learn about fashion designing?", "How can I learn fashion design?"),
     ],
 )  # fmt: skip
 def test_paraphrases_pass(stored: str, query: str) -> None:
@@ -75,3 +85,21 @@ def test_features_are_extracted_once_and_compared_symmetrically() -> None:
 )  # fmt: skip
 def test_stem(word: str, expected: str) -> None:
     assert stem(word) == expected
+
+
+@pytest.mark.parametrize(
+    ("stored", "query", "needed"),
+    [
+        ("Who is the most honest GoT character?", "Who is the most innocent GoT character?", 0.9),
+        ("Is Python easy to learn?", "Is Python easy to learn", 0.85),  # no question mark
+        ("Python is easy to learn.", "Is Python easy to learn?", 0.85),
+        ("How do I reset my router?", "How do I reset my router?", 0.9),
+    ],
+)
+def test_two_questions_need_the_margin(stored: str, query: str, needed: float) -> None:
+    assert required_similarity(extract(query), extract(stored), 0.85, 0.05) == pytest.approx(needed)
+
+
+def test_the_margin_never_asks_more_than_identity() -> None:
+    question = extract("Why is the sky blue?")
+    assert required_similarity(question, question, 0.98, 0.05) == 1.0
