@@ -178,10 +178,26 @@ async def concurrent_rounds(
     return times
 
 
-async def cache_hits(paths: Paths, seconds: float, concurrency: int) -> dict[str, Any]:
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_by_process(pids: dict[str, int]) -> dict[str, float]:
+    return {name: _cpu_s(pid) for name, pid in pids.items()}
+
+
+async def cache_hits(
+    paths: Paths, seconds: float, concurrency: int, pids: dict[str, int]
+) -> dict[str, Any]:
+    """Repeat one request: every answer after the first is an exact hit. Also where the CPU
+    goes per request, by process (this benchmark's own client included)."""
     await paths.cached()  # the first one generates and stores the answer
     stop = time.monotonic() + seconds
     counts = {"requests": 0, "hits": 0}
+    pids = {**pids, "benchmark client": os.getpid()}
+    cpu_before = _cpu_by_process(pids)
 
     async def worker() -> None:
         while time.monotonic() < stop:
@@ -192,12 +208,19 @@ async def cache_hits(paths: Paths, seconds: float, concurrency: int) -> dict[str
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - started
+    cpu_after = _cpu_by_process(pids)
+    per_request = {
+        name: round((cpu_after[name] - cpu_before[name]) / max(1, counts["requests"]) * 1e3, 3)
+        for name in pids
+    }
     return {
         "concurrency": concurrency,
         "seconds": round(elapsed, 2),
         "requests": counts["requests"],
         "exact_hits": counts["hits"],
         "requests_per_s": round(counts["requests"] / elapsed, 1),
+        "cpu_ms_per_request": dict(sorted(per_request.items(), key=lambda kv: -kv[1])),
+        "cpu_ms_per_request_total": round(sum(per_request.values()), 3),
     }
 
 
@@ -231,7 +254,11 @@ def summarize(times: dict[str, list[float]]) -> dict[str, Any]:
 
 
 async def measure(
-    endpoints: Endpoints, key: str, replicas: list[str], args: argparse.Namespace
+    endpoints: Endpoints,
+    key: str,
+    replicas: list[str],
+    args: argparse.Namespace,
+    pids: dict[str, int],
 ) -> dict[str, Any]:
     total = args.pairs + args.rounds * args.concurrency
     warmup = 4
@@ -241,7 +268,7 @@ async def measure(
         await paths.direct(total + i)
     serial_times = await serial(paths, args.pairs)
     parallel = await concurrent_rounds(paths, args.rounds, args.concurrency, args.pairs)
-    cache = await cache_hits(paths, args.cache_seconds, args.concurrency)
+    cache = await cache_hits(paths, args.cache_seconds, args.concurrency, pids)
     return {
         "concurrency_1": summarize(serial_times),
         f"concurrency_{args.concurrency}": summarize(parallel),
@@ -275,7 +302,8 @@ def run(config: StackConfig, args: argparse.Namespace) -> dict[str, Any]:
         # Direct calls go to the replicas of the generation model only.
         ports = catalogue.generation_ports(catalogue.local_replicas(config.models_config))
         replicas = [f"127.0.0.1:{config.ports.replica_port(p)}" for p in ports]
-        return asyncio.run(measure(endpoints, key, replicas, args))
+        pids = {p.spec.name: p.pid for p in stack.processes() if p.pid is not None}
+        return asyncio.run(measure(endpoints, key, replicas, args, pids))
     finally:
         stack.stop()
 
