@@ -1,13 +1,16 @@
-"""Billing benchmark: Reserve+Settle pairs through gRPC (a `python -m llm_billing` process)
-against the same Ledger calls made in-process, both on the real Redis, in one run
+"""Billing benchmark: Reserve+Settle pairs through gRPC against `python -m llm_billing`, in
+one run: the scaled set-up (BILLING_WORKERS server processes on one port, several client
+processes) against the single-process baseline (one server process, one client process) and
+the same Ledger calls made in-process, all on the real Redis
 -> bench/results/billing.json and billing.png.
 
 Run from the repository root: `.venv/bin/python bench/bench_billing.py`.
 Goal (issue 6): >= 2,000 settles/s on 2 cores with p99 <= 5 ms.
 
 Besides wall-clock throughput and latency, it records the CPU time each pair costs in the
-billing process, the benchmark client and Redis, so the result can be read on a machine
+billing processes, the benchmark clients and Redis, so the result can be read on a machine
 shared with other work: capacity on N dedicated cores is about N / (CPU seconds per pair).
+The clients run on the same cores as the servers: their CPU is reported, not hidden.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -23,8 +27,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import zip_longest
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -54,45 +60,62 @@ TENANTS = 16
 GOAL_SETTLES_PER_S = 2000.0
 GOAL_P99_MS = 5.0
 GOAL_CORES = 2
-ROUNDS = 4  # gRPC and in-process alternate, so drift in machine load hits both alike
+ROUNDS = 4  # the arms alternate, so drift in machine load hits all of them alike
 STOP = common_pb2.FINISH_REASON_STOP
+# Each channel is its own HTTP/2 connection (no shared subchannel), so that SO_REUSEPORT
+# can spread a client's connections over the server processes.
+CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
+GRPC_ARMS = ("grpc", "grpc_baseline_1x1")
 
 Pair = Callable[[str, str], Awaitable[tuple[float, float]]]
 
 
 @dataclass
 class Arm:
-    """Latencies (ms), wall time and CPU seconds (by process) of one arm."""
+    """Latencies (ms), wall time and CPU seconds (by process group) of one arm."""
 
+    server_processes: int
+    client_processes: int
     reserve: list[float] = field(default_factory=list)
     settle: list[float] = field(default_factory=list)
     pair: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
     cpu_s: dict[str, float] = field(default_factory=dict)
+    server_cpu_by_process: list[float] = field(default_factory=list)  # supervisor first
+
+    def add_cpu(self, name: str, seconds: float) -> None:
+        self.cpu_s[name] = self.cpu_s.get(name, 0.0) + seconds
 
 
-class CpuMeters:
-    """CPU seconds used so far by the client (this process), the billing process and Redis
-    (INFO cpu: a shared Redis also counts other clients' work, so it is an upper bound)."""
+@dataclass(frozen=True)
+class Work:
+    """One client process's share of a round."""
 
-    def __init__(self, client: redis.asyncio.Redis, server_pid: int | None) -> None:
-        self._redis = client
-        self._server_pid = server_pid
-
-    async def read(self) -> dict[str, float]:
-        info = await self._redis.info("cpu")
-        readings = {
-            "client": time.process_time(),
-            "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
-        }
-        if self._server_pid is not None:
-            readings["billing_server"] = _process_cpu_s(self._server_pid)
-        return readings
+    target: str
+    prefix: str
+    first: int  # request ids first, first + stride, ... below `count`
+    stride: int
+    count: int
+    concurrency: int
+    channels: int
 
 
 def _process_cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu_s(pid: int) -> dict[int, float]:
+    """CPU by process of a billing server: its BILLING_WORKERS workers, else itself."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    workers = [int(c) for c in children if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()]
+    return {p: _process_cpu_s(p) for p in [pid, *workers]}
+
+
+async def redis_cpu_s(client: redis.asyncio.Redis) -> float:
+    """INFO cpu: a shared Redis also counts other clients' work, so an upper bound."""
+    info = await client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -115,6 +138,8 @@ def arm_report(arm: Arm) -> dict[str, Any]:
     pairs_per_s = pairs / arm.elapsed_s
     cpu_ms = {name: round(s * 1e3 / pairs, 3) for name, s in arm.cpu_s.items()}
     return {
+        "server_processes": arm.server_processes,
+        "client_processes": arm.client_processes,
         "pairs_per_s": round(pairs_per_s, 1),
         "settles_per_s": round(pairs_per_s, 1),  # one Settle per pair
         "rpcs_per_s": round(2 * pairs_per_s, 1),
@@ -122,35 +147,36 @@ def arm_report(arm: Arm) -> dict[str, Any]:
         "reserve": summary(arm.reserve),
         "settle": summary(arm.settle),
         "cpu_ms_per_pair": cpu_ms,
+        "cpu_ms_per_pair_total": round(sum(cpu_ms.values()), 3),
+        "server_cpu_s_by_process": [round(s, 2) for s in arm.server_cpu_by_process],
     }
 
 
-async def run_arm(
-    pair: Pair, meters: CpuMeters, prefix: str, count: int, concurrency: int, into: Arm
-) -> None:
-    """`count` pairs from `concurrency` workers; request ids are unique per call."""
-    next_index = iter(range(count))
+async def drive(pair: Pair, ids: Iterator[int], prefix: str, concurrency: int) -> dict[str, Any]:
+    """Pairs for the request ids in `ids` from `concurrency` coroutines; latencies in ms."""
+    out: dict[str, Any] = {"reserve": [], "settle": [], "pair": []}
 
     async def worker(w: int) -> None:
         tenant = f"bench{w % TENANTS}"
-        for i in next_index:
+        for i in ids:
             start = time.perf_counter()
             reserve_s, settle_s = await pair(f"{prefix}-{i}", tenant)
-            into.pair.append((time.perf_counter() - start) * 1e3)
-            into.reserve.append(reserve_s * 1e3)
-            into.settle.append(settle_s * 1e3)
+            out["pair"].append((time.perf_counter() - start) * 1e3)
+            out["reserve"].append(reserve_s * 1e3)
+            out["settle"].append(settle_s * 1e3)
 
-    before = await meters.read()
-    start = time.perf_counter()
+    out["start"] = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
+    cpu = time.process_time()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    into.elapsed_s += time.perf_counter() - start
-    after = await meters.read()
-    for name, value in after.items():
-        into.cpu_s[name] = into.cpu_s.get(name, 0.0) + value - before[name]
+    out["end"], out["cpu_s"] = time.perf_counter(), time.process_time() - cpu
+    return out
 
 
-def grpc_pair(stub: pb_grpc.BillingServiceAsyncStub) -> Pair:
+def grpc_pair(stubs: list[pb_grpc.BillingServiceAsyncStub]) -> Pair:
+    turn = iter(range(1 << 62))
+
     async def pair(rid: str, tenant: str) -> tuple[float, float]:
+        stub = stubs[next(turn) % len(stubs)]
         t0 = time.perf_counter()
         await stub.Reserve(
             pb.ReserveRequest(
@@ -191,24 +217,136 @@ def direct_pair(billing: Billing) -> Pair:
     return pair
 
 
-@contextlib.asynccontextmanager
-async def billing_process(
-    env: dict[str, str], port: int
-) -> AsyncIterator[tuple[grpc.aio.Channel, int]]:
-    """`python -m llm_billing` as its own process (its own core, as in production)."""
-    process = subprocess.Popen(  # noqa: ASYNC220 - started once, before measuring
-        [sys.executable, "-m", "llm_billing"], env=env, cwd=ROOT
-    )
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+async def client_work(work: Work) -> dict[str, Any]:
+    """A client process's share, on its own connections (opened before the clock starts)."""
+    channels = [
+        grpc.aio.insecure_channel(work.target, options=CHANNEL_OPTIONS)
+        for _ in range(work.channels)
+    ]
     try:
-        await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=60, wait_for_ready=True
-        )
-        yield channel, process.pid
+        for channel in channels:
+            await asyncio.wait_for(channel.channel_ready(), 30)
+        pair = grpc_pair([pb_grpc.BillingServiceStub(c) for c in channels])
+        ids = iter(range(work.first, work.count, work.stride))
+        return await drive(pair, ids, work.prefix, work.concurrency)
     finally:
-        await channel.close()
+        for channel in channels:
+            await channel.close()
+
+
+def client_process(conn: Connection) -> None:
+    """A benchmark client process: runs each Work it is sent, until None."""
+    while (work := conn.recv()) is not None:
+        conn.send(asyncio.run(client_work(work)))
+
+
+class Clients:
+    """Persistent client processes (spawned once: their start-up is not measured)."""
+
+    def __init__(self, count: int) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._conns: list[Connection] = []
+        self._procs = []
+        for _ in range(count):
+            here, there = context.Pipe()
+            proc = context.Process(target=client_process, args=(there,), daemon=True)
+            proc.start()
+            self._conns.append(here)
+            self._procs.append(proc)
+
+    async def run(self, works: list[Work]) -> list[dict[str, Any]]:
+        for conn, work in zip(self._conns, works, strict=False):
+            conn.send(work)
+        loop = asyncio.get_running_loop()
+        used = self._conns[: len(works)]
+        return list(await asyncio.gather(*(loop.run_in_executor(None, c.recv) for c in used)))
+
+    def close(self) -> None:
+        for conn, proc in zip(self._conns, self._procs, strict=True):
+            conn.send(None)
+            proc.join(30)
+
+
+@dataclass(frozen=True)
+class Server:
+    """A running `python -m llm_billing` (its supervisor pid when it has workers)."""
+
+    target: str
+    pid: int
+    workers: int
+
+
+@contextlib.asynccontextmanager
+async def billing_process(env: dict[str, str], workers: int) -> AsyncIterator[Server]:
+    """`python -m llm_billing` with BILLING_WORKERS=`workers`, as in production."""
+    port = free_port()
+    process = subprocess.Popen(  # noqa: ASYNC220 - started once, before measuring
+        [sys.executable, "-m", "llm_billing"],
+        env={**env, "GRPC_PORT": str(port), "BILLING_WORKERS": str(workers)},
+        cwd=ROOT,
+    )
+    target = f"127.0.0.1:{port}"
+    try:
+        for _ in range(4 * workers):  # health from every worker, not just the first one up
+            async with grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+                await health_pb2_grpc.HealthStub(channel).Check(
+                    health_pb2.HealthCheckRequest(), timeout=60, wait_for_ready=True
+                )
+        yield Server(target, process.pid, workers)
+    finally:
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=60)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How one gRPC arm is run."""
+
+    name: str
+    server: Server
+    client_processes: int
+    channels_per_client: int
+
+
+async def run_grpc_round(
+    setup: Setup, clients: Clients, redis_client: redis.asyncio.Redis,
+    prefix: str, count: int, concurrency: int, into: Arm,
+) -> None:  # fmt: skip
+    n = setup.client_processes
+    works = [
+        Work(setup.server.target, prefix, i, n, count, max(1, concurrency // n),
+             setup.channels_per_client)
+        for i in range(n)
+    ]  # fmt: skip
+    server_before, redis_before = server_cpu_s(setup.server.pid), await redis_cpu_s(redis_client)
+    results = await clients.run(works)
+    server_after = server_cpu_s(setup.server.pid)
+    by_process = [server_after[p] - server_before.get(p, 0.0) for p in server_after]
+    into.add_cpu("billing_server", sum(by_process))
+    # Whether every worker got connections: SO_REUSEPORT spreads them by a hash.
+    into.server_cpu_by_process = [
+        a + b for a, b in zip_longest(into.server_cpu_by_process, by_process, fillvalue=0.0)
+    ]
+    into.add_cpu("redis", await redis_cpu_s(redis_client) - redis_before)
+    into.add_cpu("client", sum(r["cpu_s"] for r in results))
+    into.elapsed_s += max(r["end"] for r in results) - min(r["start"] for r in results)
+    for r in results:
+        into.reserve += r["reserve"]
+        into.settle += r["settle"]
+        into.pair += r["pair"]
+
+
+async def run_direct_round(
+    billing: Billing, prefix: str, count: int, concurrency: int, into: Arm
+) -> None:
+    redis_before = await redis_cpu_s(billing.client)
+    r = await drive(direct_pair(billing), iter(range(count)), prefix, concurrency)
+    into.add_cpu("redis", await redis_cpu_s(billing.client) - redis_before)
+    into.add_cpu("client", r["cpu_s"])
+    into.elapsed_s += r["end"] - r["start"]
+    into.reserve += r["reserve"]
+    into.settle += r["settle"]
+    into.pair += r["pair"]
 
 
 async def set_budgets(billing: Billing) -> None:
@@ -236,64 +374,84 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     billing = build_billing(
         settings, load_prices(PRICES, "USD"), metrics=BillingMetrics(CollectorRegistry())
     )
-    port = free_port()
     env = {
         **os.environ,
         "REDIS_URL": redis_url,
         "BILLING_KEY_PREFIX": prefix,
         "PRICES_CONFIG": str(PRICES),
-        "GRPC_PORT": str(port),
         "METRICS_PORT": "off",
         "LOG_LEVEL": "WARNING",
     }
+    clients = Clients(args.clients)
     levels, pairs_run = [], 0
     try:
         await set_budgets(billing)
-        async with billing_process(env, port) as (channel, pid):
-            meters = CpuMeters(billing.client, pid)
-            arms = (grpc_pair(pb_grpc.BillingServiceStub(channel)), direct_pair(billing))
-            for name, pair in zip(("warm-g", "warm-d"), arms, strict=True):
-                await run_arm(pair, meters, name, args.warmup, 8, Arm())
+        async with (
+            billing_process(env, 1) as single,
+            billing_process(env, args.workers) as scaled,
+        ):
+            setups = (
+                Setup("baseline_1x1", single, 1, 1),
+                Setup("scaled", scaled, args.clients, args.channels),
+            )
+            for setup in setups:
+                warm = Arm(setup.server.workers, setup.client_processes)
+                await run_grpc_round(
+                    setup, clients, billing.client, f"w{setup.name}", args.warmup, 8, warm
+                )
+            await run_direct_round(billing, "wd", args.warmup, 8, Arm(0, 1))
             for concurrency in args.concurrency:
-                levels.append(await compare(arms, meters, concurrency, args.pairs))
+                levels.append(await compare(setups, clients, billing, concurrency, args.pairs))
                 print(json.dumps(levels[-1]["summary"]), file=sys.stderr)
-            pairs_run = 2 * (args.warmup + args.pairs // ROUNDS * ROUNDS * len(args.concurrency))
+            measured = args.pairs // ROUNDS * ROUNDS * len(args.concurrency)
+            pairs_run = 3 * (args.warmup + measured)
             ledger_requests = await count_ledger(billing)
     finally:
+        clients.close()
         await delete_prefix(billing.client, prefix)
-        await billing.client.aclose()
+        await billing.aclose()
     checked = {"ledger_requests": ledger_requests, "pairs_run": pairs_run}
     return report(args, redis_url, levels, checked)
 
 
 async def compare(
-    arms: tuple[Pair, Pair], meters: CpuMeters, concurrency: int, pairs: int
+    setups: tuple[Setup, Setup], clients: Clients, billing: Billing, concurrency: int, pairs: int
 ) -> dict[str, Any]:
-    via_grpc, direct = arms
-    g, d = Arm(), Arm()
+    arms = {s.name: Arm(s.server.workers, s.client_processes) for s in setups}
+    direct = Arm(0, 1)
     per_round = pairs // ROUNDS
     for r in range(ROUNDS):
-        await run_arm(via_grpc, meters, f"g{concurrency}-{r}", per_round, concurrency, g)
-        await run_arm(direct, meters, f"d{concurrency}-{r}", per_round, concurrency, d)
-    grpc_report, direct_report = arm_report(g), arm_report(d)
-    server_cpu = grpc_report["cpu_ms_per_pair"]["billing_server"]
-    redis_cpu = grpc_report["cpu_ms_per_pair"]["redis"]
+        for s in setups:
+            tag = f"{s.name}{concurrency}-{r}"
+            await run_grpc_round(
+                s, clients, billing.client, tag, per_round, concurrency, arms[s.name]
+            )
+        await run_direct_round(billing, f"d{concurrency}-{r}", per_round, concurrency, direct)
+    reports = {name: arm_report(arm) for name, arm in arms.items()}
+    scaled, base = reports["scaled"], reports["baseline_1x1"]
+    direct_report = arm_report(direct)
     return {
         "concurrency": concurrency,
-        "grpc": grpc_report,
+        "grpc": scaled,
+        "grpc_baseline_1x1": base,
         "direct_in_process": direct_report,
-        "grpc_added_p50_ms": round(
-            grpc_report["pair"]["p50_ms"] - direct_report["pair"]["p50_ms"], 3
-        ),
+        "grpc_added_p50_ms": round(scaled["pair"]["p50_ms"] - direct_report["pair"]["p50_ms"], 3),
         "summary": {
             "concurrency": concurrency,
-            "grpc_settles_per_s": grpc_report["settles_per_s"],
-            "grpc_settle_p50_ms": grpc_report["settle"]["p50_ms"],
-            "grpc_settle_p99_ms": grpc_report["settle"]["p99_ms"],
+            "server_processes": scaled["server_processes"],
+            "client_processes": scaled["client_processes"],
+            "grpc_settles_per_s": scaled["settles_per_s"],
+            "grpc_reserve_p99_ms": scaled["reserve"]["p99_ms"],
+            "grpc_settle_p50_ms": scaled["settle"]["p50_ms"],
+            "grpc_settle_p99_ms": scaled["settle"]["p99_ms"],
+            "baseline_1x1_settles_per_s": base["settles_per_s"],
+            "baseline_1x1_settle_p99_ms": base["settle"]["p99_ms"],
             "direct_settles_per_s": direct_report["settles_per_s"],
-            "direct_settle_p99_ms": direct_report["settle"]["p99_ms"],
-            "server_cpu_ms_per_pair": server_cpu,
-            "redis_cpu_ms_per_pair": redis_cpu,
+            "server_cpu_ms_per_pair": scaled["cpu_ms_per_pair"]["billing_server"],
+            "baseline_server_cpu_ms_per_pair": base["cpu_ms_per_pair"]["billing_server"],
+            "client_cpu_ms_per_pair": scaled["cpu_ms_per_pair"]["client"],
+            "redis_cpu_ms_per_pair": scaled["cpu_ms_per_pair"]["redis"],
+            "load_average": [round(x, 2) for x in os.getloadavg()],
         },
     }
 
@@ -311,18 +469,31 @@ async def count_ledger(billing: Billing) -> int:
 
 
 def projection(levels: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pairs/s the billing process could sustain on dedicated cores, from CPU per pair."""
-    best = min(levels, key=lambda lv: lv["grpc"]["cpu_ms_per_pair"]["billing_server"])
-    server_ms = best["grpc"]["cpu_ms_per_pair"]["billing_server"]
-    redis_ms = best["grpc"]["cpu_ms_per_pair"]["redis"]
+    """Pairs/s the billing processes could sustain on dedicated cores, from CPU per pair,
+    for each gRPC set-up at its cheapest level."""
+    return {arm: _projection(levels, arm) for arm in GRPC_ARMS} | {
+        "note": (
+            "One billing process runs on one core. The 2-core figure assumes billing "
+            "processes and Redis sharing 2 dedicated cores with the clients elsewhere (for "
+            "the 1x1 set-up that needs a second process, at the same CPU per pair); the "
+            "with-clients figure also puts the gRPC clients on those 2 cores."
+        ),
+    }
+
+
+def _projection(levels: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    best = min(levels, key=lambda lv: lv[arm]["cpu_ms_per_pair"]["billing_server"])
+    cpu = best[arm]["cpu_ms_per_pair"]
+    server_ms, redis_ms, client_ms = cpu["billing_server"], cpu["redis"], cpu["client"]
     return {
+        "concurrency": best["concurrency"],
         "server_cpu_ms_per_pair": server_ms,
         "redis_cpu_ms_per_pair": redis_ms,
+        "client_cpu_ms_per_pair": client_ms,
         "one_process_pairs_per_s": round(1000 / server_ms, 1),  # one event loop = one core
         f"{GOAL_CORES}_cores_pairs_per_s": round(GOAL_CORES * 1000 / (server_ms + redis_ms), 1),
-        "note": (
-            "One billing process runs on one core; the 2-core figure assumes two billing "
-            "processes (replicas) and Redis sharing 2 dedicated cores, the client elsewhere."
+        f"{GOAL_CORES}_cores_with_clients_pairs_per_s": round(
+            GOAL_CORES * 1000 / (server_ms + redis_ms + client_ms), 1
         ),
     }
 
@@ -333,22 +504,33 @@ def report(
     levels: list[dict[str, Any]],
     checked: dict[str, int],
 ) -> dict[str, Any]:
-    best = max(levels, key=lambda level: level["grpc"]["settles_per_s"])
+    # The goal is checked on every gRPC set-up: on few cores one process can beat several.
+    runs = [(lv["concurrency"], arm, lv[arm]) for lv in levels for arm in GRPC_ARMS]
+    concurrency, arm, best = max(runs, key=lambda run: run[2]["settles_per_s"])
     return {
         "benchmark": "billing Reserve+Settle pairs",
         "what": (
             "Each pair is Reserve then Settle of one request (idempotent Lua scripts on Redis). "
-            "`grpc` goes through a separate `python -m llm_billing` process with the standard "
-            "interceptors (tracing, request id, deadline, access log + metrics, errors); "
-            "`direct_in_process` calls the same Ledger methods in the benchmark process. Both "
-            "arms alternate in rounds in the same run against the same Redis."
+            "`grpc` goes through `python -m llm_billing` with BILLING_WORKERS server processes "
+            "on one port, driven by several client processes (each with several connections); "
+            "`grpc_baseline_1x1` is one server process and one client process on one "
+            "connection; both use the standard interceptors (tracing, request id, deadline, "
+            "access log + metrics, errors). `direct_in_process` calls the same Ledger methods "
+            "in the benchmark process. The arms alternate in rounds in the same run against "
+            "the same Redis; client CPU is on the same machine and reported."
         ),
         "goal": {
             "settles_per_s": GOAL_SETTLES_PER_S,
             "settle_p99_ms": GOAL_P99_MS,
             "cores": GOAL_CORES,
-            "met_measured": best["grpc"]["settles_per_s"] >= GOAL_SETTLES_PER_S
-            and best["grpc"]["settle"]["p99_ms"] <= GOAL_P99_MS,
+            "met_measured": best["settles_per_s"] >= GOAL_SETTLES_PER_S
+            and best["settle"]["p99_ms"] <= GOAL_P99_MS,
+            "best": {
+                "arm": arm,
+                "concurrency": concurrency,
+                "settles_per_s": best["settles_per_s"],
+                "settle_p99_ms": best["settle"]["p99_ms"],
+            },
         },
         "projection": projection(levels),
         "levels": levels,
@@ -356,6 +538,9 @@ def report(
         "setup": {
             "pairs_per_level": args.pairs,
             "concurrency": args.concurrency,
+            "server_processes": args.workers,
+            "client_processes": args.clients,
+            "channels_per_client": args.channels,
             "tenants": TENANTS,
             "model": MODEL,
             "redis": redis_url.split("@")[-1],
@@ -376,8 +561,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
     levels = result["levels"]
     labels = [str(level["concurrency"]) for level in levels]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    width, xs = 0.38, range(len(levels))
-    arms = ((-width / 2, "grpc", "gRPC"), (width / 2, "direct_in_process", "in-process"))
+    width, xs = 0.27, range(len(levels))
+    arms = (
+        (-width, "grpc", "gRPC, workers"),
+        (0.0, "grpc_baseline_1x1", "gRPC, 1 process"),
+        (width, "direct_in_process", "in-process"),
+    )
     for offset, arm, name in arms:
         at = [x + offset for x in xs]
         left.bar(at, [lv[arm]["settles_per_s"] for lv in levels], width, label=name)
@@ -397,7 +586,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=4000, help="measured pairs per level and arm")
     parser.add_argument("--warmup", type=int, default=300)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 64])
+    parser.add_argument("--workers", type=int, default=2, help="billing server processes")
+    parser.add_argument("--clients", type=int, default=2, help="benchmark client processes")
+    parser.add_argument("--channels", type=int, default=4, help="connections per client")
     parser.add_argument("--redis-url", default=None, help="default: REDIS_URL or local Redis")
     parser.add_argument("--out", type=Path, default=RESULTS / "billing.json")
     args = parser.parse_args()

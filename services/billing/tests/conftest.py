@@ -88,7 +88,7 @@ async def billing(
     try:
         yield built
     finally:
-        await built.client.aclose()
+        await built.aclose()
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from typing import TextIO
 from llm_billing.config import Settings
 from llm_billing.snapshot import export_snapshot, restore_snapshot
 from llm_billing.store import make_client
+from llm_billing.workers import serve_workers
 from llm_common.logging import configure_logging
 
 
@@ -43,6 +44,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     elif args.command == "restore":
         count = asyncio.run(_restore(settings, args.input, args.force))
         print(f"restored {count} keys", file=sys.stderr)
+    elif settings.workers > 1:
+        return serve_workers(settings)
     else:
         # Imported here so that a broken import is logged as JSON by the configured logging.
         from llm_billing.server import serve

@@ -16,6 +16,7 @@ DEFAULT_METRICS_PORT = 9156
 DEFAULT_PRICES_CONFIG = "infra/config/prices.yaml"
 DEFAULT_KEY_PREFIX = "billing:"
 DAY_S = 86_400
+MAX_WORKERS = 64
 # Token counts above this would make the ledger's integer arithmetic in Lua (IEEE doubles,
 # exact below 2**53) inexact for the largest prices; see ledger.lua.
 MAX_TOKENS_CEILING = 100_000_000
@@ -131,11 +132,16 @@ class Settings:
     prices_config: Path = Path(DEFAULT_PRICES_CONFIG)
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     limits: Limits = field(default_factory=Limits)
+    workers: int = 1  # server processes sharing GRPC_PORT (see workers.py)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError.for_variable("BILLING_WORKERS", f"must be in 1..{MAX_WORKERS}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         """Read GRPC_PORT, METRICS_PORT, ... (see ServerSettings), REDIS_URL, PRICES_CONFIG and
-        BILLING_*; ConfigError names the offending variable."""
+        BILLING_* (BILLING_WORKERS: server processes); ConfigError names the offending variable."""
         server = ServerSettings.from_env(
             environ,
             service_name=SERVICE_NAME,
@@ -148,4 +154,5 @@ class Settings:
             prices_config=Path(env_str(environ, "PRICES_CONFIG", DEFAULT_PRICES_CONFIG)),
             ledger=LedgerSettings.from_env(environ),
             limits=Limits.from_env(environ),
+            workers=env_int(environ, "BILLING_WORKERS", 1, min_value=1, max_value=MAX_WORKERS),
         )

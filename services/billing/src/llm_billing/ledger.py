@@ -7,14 +7,18 @@ E (expired, charged at the reserved amount); E -> S corrects the charge, E -> X 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from llm_billing.config import LedgerSettings
 from llm_billing.keys import KeySpace
+from llm_billing.mux import Command, Pipelined, pipelined
 from llm_billing.prices import Price, PriceBook
 from llm_billing.scripts import Scripts
 from llm_billing.store import now_ms
@@ -30,6 +34,10 @@ from llm_common.errors import (
 )
 
 SWEEP_BATCH = 500
+# A tenant is re-added to the tenants set at most this often by one process (the SADD is
+# idempotent; repeating it now and then restores the set if Redis lost it).
+TENANT_REGISTER_INTERVAL_S = 60.0
+MAX_REGISTERED_TENANTS = 100_000
 MAX_CLOCK_SKEW_MS = 5 * 60_000  # how far in the future an `admitted_at` may lie
 
 
@@ -100,8 +108,31 @@ class Settlement:
     unreserved: bool
 
 
+class TenantRegister:
+    """Which tenants this process has put in the tenants set lately, so that the hot path
+    sends SADD once per tenant and interval instead of on every Reserve."""
+
+    def __init__(
+        self,
+        interval_s: float = TENANT_REGISTER_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._next: dict[str, float] = {}
+
+    def due(self, tenant: str) -> bool:
+        return self._clock() >= self._next.get(tenant, 0.0)
+
+    def registered(self, tenant: str) -> None:
+        if len(self._next) >= MAX_REGISTERED_TENANTS:
+            self._next.clear()  # bounded memory; the cost is one SADD per tenant again
+        self._next[tenant] = self._clock() + self._interval_s
+
+
 class Ledger:
-    """Reserve/Settle/Release/expiry against one Redis; `clock` returns epoch ms."""
+    """Reserve/Settle/Release/expiry against one Redis; `clock` returns epoch ms; `hot`
+    carries Reserve and Settle (default: RedisMux on the client's endpoint)."""
 
     def __init__(
         self,
@@ -111,6 +142,7 @@ class Ledger:
         settings: LedgerSettings,
         *,
         clock: Callable[[], int] = now_ms,
+        hot: Pipelined | None = None,
     ) -> None:
         self._client = client
         self._keys = keys
@@ -118,6 +150,13 @@ class Ledger:
         self._settings = settings
         self._clock = clock
         self._scripts = Scripts.register(client)
+        self._tenants = TenantRegister()
+        # Reserve and Settle: one round trip and little CPU (see mux.py).
+        self._hot = hot if hot is not None else pipelined(client)
+
+    async def aclose(self) -> None:
+        """Close the hot-path connection (the redis-py client is closed by its owner)."""
+        await self._hot.aclose()
 
     @property
     def prices(self) -> PriceBook:
@@ -156,21 +195,34 @@ class Ledger:
         self, r: ReserveInput, keys: list[str], args: list[str | int]
     ) -> tuple[list[str], str | None]:
         owner_key = self._keys.request_owner(r.request_id)
-        for _ in range(2):
-            async with self._client.pipeline(transaction=False) as pipe:
-                pipe.evalsha(self._scripts.reserve.sha, len(keys), *keys, *args)
-                pipe.set(owner_key, r.tenant_id, nx=True, px=self._settings.retention_ms)
-                pipe.get(owner_key)
-                pipe.sadd(self._keys.tenants(), r.tenant_id)
-                reply, _, owner, _ = await pipe.execute(raise_on_error=False)
-            if not isinstance(reply, NoScriptError):
-                break
-            await self._scripts.load(self._client)  # Redis restarted or flushed its scripts
-        if isinstance(reply, Exception):
-            raise reply
-        if isinstance(owner, Exception):
-            raise owner
+        register = self._tenants.due(r.tenant_id)
+        commands: list[Command] = [
+            ["EVALSHA", self._scripts.reserve.sha, len(keys), *keys, *args],
+            ["SET", owner_key, r.tenant_id, "NX", "PX", self._settings.retention_ms],
+            ["GET", owner_key],
+        ]
+        if register:
+            commands.append(["SADD", self._keys.tenants(), r.tenant_id])
+        reply, _, owner, *_ = _raise_first(await self._run(commands))
+        if register:
+            self._tenants.registered(r.tenant_id)
         return reply, None if owner is None else str(owner)
+
+    async def _run(self, commands: list[Command]) -> list[Any]:
+        """The commands in one round trip. After NOSCRIPT (Redis restarted or flushed its
+        scripts) the scripts are loaded and everything is sent again, as it is after a lost
+        connection: every command here is idempotent."""
+        for attempt in range(3):
+            try:
+                replies = await self._hot.execute(commands)
+            except RedisConnectionError:
+                if attempt:
+                    raise
+                continue
+            if not any(isinstance(reply, NoScriptError) for reply in replies):
+                return replies
+            await self._scripts.load(self._client)
+        return replies
 
     async def settle(self, s: SettleInput) -> Settlement:
         """Record actual usage; without a reservation it needs `s.admission` (else NotFound)."""
@@ -240,33 +292,32 @@ class Ledger:
         """Bind the request id to the tenant (first writer wins) and register the tenant."""
         owner_key = self._keys.request_owner(request_id)
         async with self._client.pipeline(transaction=False) as pipe:
-            pipe.set(owner_key, tenant, nx=True, px=self._settings.retention_ms)
-            pipe.get(owner_key)
+            pipe.set(owner_key, tenant, nx=True, px=self._settings.retention_ms, get=True)
             pipe.sadd(self._keys.tenants(), tenant)
-            _, owner, _ = await pipe.execute()
-        if owner != tenant:
+            previous, _ = await pipe.execute()
+        if previous is not None and previous != tenant:
             raise AlreadyExists("request", request_id, "request_id is used by another request")
 
     async def _owner(self, request_id: str) -> str | None:
-        owner = await self._client.get(self._keys.request_owner(request_id))
+        (owner,) = _raise_first(await self._run([["GET", self._keys.request_owner(request_id)]]))
         return None if owner is None else str(owner)
 
     async def _settle(self, tenant: str, s: SettleInput, extra: Sequence[str | int]) -> list[str]:
         u = s.usage
-        reply: list[str] = await self._scripts.settle(
-            keys=self._record_keys(tenant, s.request_id),
-            args=[
-                self._keys.tenant_base(tenant),
-                s.request_id,
-                u.prompt_tokens,
-                u.completion_tokens,
-                u.cached_tokens,
-                u.finish_reason,
-                self._clock(),
-                *extra,
-            ],
-        )
-        return reply
+        keys = self._record_keys(tenant, s.request_id)
+        args = [
+            self._keys.tenant_base(tenant),
+            s.request_id,
+            u.prompt_tokens,
+            u.completion_tokens,
+            u.cached_tokens,
+            u.finish_reason,
+            self._clock(),
+            *extra,
+        ]
+        command = ["EVALSHA", self._scripts.settle.sha, len(keys), *keys, *args]
+        (reply,) = _raise_first(await self._run([command]))
+        return cast(list[str], reply)
 
     def _admission_args(self, a: Admission) -> list[str | int]:
         now = self._clock()
@@ -327,6 +378,14 @@ class Ledger:
         return QuotaExceeded(
             [QuotaViolation(subject, description)], retry_after_s=retry, message="budget exceeded"
         )
+
+
+def _raise_first(replies: list[Any]) -> list[Any]:
+    """The replies, unless one is an error reply: then that error."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def _price_args(price: Price) -> list[str | int]:

@@ -29,6 +29,9 @@ from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BillingService"].full_name
+# The per-request calls (thousands a second) log their access line at DEBUG, like auth's
+# Check; they are still counted in llm_rpc_* metrics, and failures log on their own.
+QUIET_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Reserve", "Settle", "Release"))
 REDIS_WAIT = Backoff(base=0.2, cap=2.0, jitter=0.2, max_attempts=15)  # about 25 s in all
 _log = get_logger(__name__)
 
@@ -44,6 +47,11 @@ class Billing:
     invoices: InvoiceExporter
     servicer: BillingServicer
     sweeper: Sweeper
+
+    async def aclose(self) -> None:
+        """Close the ledger's hot-path connection and the Redis client."""
+        await self.ledger.aclose()
+        await self.client.aclose()
 
 
 def build_billing(
@@ -77,9 +85,11 @@ def build_spec(billing: Billing) -> ServiceSpec:
 
     async def on_stop() -> None:
         await billing.sweeper.stop()
-        await billing.client.aclose()
+        await billing.aclose()
 
-    return ServiceSpec((SERVICE_NAME,), register, on_start=on_start, on_stop=on_stop)
+    return ServiceSpec(
+        (SERVICE_NAME,), register, on_start=on_start, on_stop=on_stop, quiet_methods=QUIET_METHODS
+    )
 
 
 async def wait_for_redis(client: redis.asyncio.Redis, backoff: Backoff = REDIS_WAIT) -> None:

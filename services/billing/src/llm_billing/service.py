@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import timestamp_pb2
+from prometheus_client import Counter
 
 from llm_billing import validation
 from llm_billing.budgets import Budgets, BudgetStatus
@@ -23,6 +24,8 @@ from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _PERIODS = {period: number for number, period in validation.PERIODS.items()}
+RESERVE_OUTCOMES = ("held", "duplicate", "soft_limit", "rejected")
+SETTLE_OUTCOMES = ("settled", "duplicate", "corrected", "unreserved")
 
 
 class BillingServicer(pb_grpc.BillingServiceServicer):
@@ -43,6 +46,10 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         self._invoices = invoices
         self._limits = limits
         self._metrics = metrics
+        # Label children resolved once: labels() takes a lock and hashes on every call.
+        self._reserved = _children(metrics.reservations, RESERVE_OUTCOMES)
+        self._settled = _children(metrics.settlements, SETTLE_OUTCOMES)
+        self._charged = metrics.charged.labels(ledger.prices.currency)
 
     # Method names are the contract's RPC names, hence the noqa N802.
     async def Reserve(  # noqa: N802
@@ -53,7 +60,7 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
             async with store_errors():
                 reservation = await self._ledger.reserve(reserve)
         except QuotaExceeded:
-            self._metrics.reservations.labels("rejected").inc()
+            self._reserved["rejected"].inc()
             raise
         self._count_reservation(reservation)
         return _reserve_response(reservation)
@@ -131,18 +138,25 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
             outcome = "duplicate"
         else:
             outcome = "soft_limit" if reservation.soft_limit_exceeded else "held"
-        self._metrics.reservations.labels(outcome).inc()
+        self._reserved[outcome].inc()
 
     def _count_settlement(self, settlement: Settlement) -> None:
         if settlement.duplicate:
-            self._metrics.settlements.labels("duplicate").inc()
+            self._settled["duplicate"].inc()
             return
         if settlement.unreserved:
             outcome = "unreserved"
         else:
             outcome = "corrected" if settlement.corrected else "settled"
-        self._metrics.settlements.labels(outcome).inc()
-        self._metrics.charged.labels(settlement.currency).inc(settlement.charged_micros)
+        self._settled[outcome].inc()
+        if settlement.currency == self._ledger.prices.currency:
+            self._charged.inc(settlement.charged_micros)
+        else:  # a record from before a currency change of the deployment
+            self._metrics.charged.labels(settlement.currency).inc(settlement.charged_micros)
+
+
+def _children(counter: Counter, outcomes: tuple[str, ...]) -> dict[str, Counter]:
+    return {outcome: counter.labels(outcome) for outcome in outcomes}
 
 
 def timestamp(ms: int) -> timestamp_pb2.Timestamp:

@@ -10,6 +10,7 @@ from llm_billing.metrics import BillingMetrics
 from llm_billing.store import STORE_UNAVAILABLE
 from llm_common.logging import get_logger
 
+STOP_TIMEOUT_S = 5.0  # beyond one interval: a sweep in progress is bounded by Redis timeouts
 _log = get_logger(__name__)
 
 
@@ -22,17 +23,27 @@ class Sweeper:
         self._interval_s = interval_s
         self._metrics = metrics
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     def start(self) -> None:
         if self._task is None:
+            self._stopping.clear()
             self._task = asyncio.create_task(self._run(), name="billing-sweeper")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """End the loop. Besides the cancellation, a flag: a cancellation swallowed inside a
+        Redis call (it has been seen: a server then never finished its shutdown) would
+        otherwise leave the loop running and this await waiting for ever."""
+        if self._task is None:
+            return
+        task, self._task = self._task, None
+        self._stopping.set()
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=self._interval_s + STOP_TIMEOUT_S)
+        if not done:
+            _log.warning("sweeper did not stop in time; leaving it")
+        elif not task.cancelled() and task.exception() is not None:
+            _log.warning("sweeper ended with an error", error=type(task.exception()).__name__)
 
     async def sweep_once(self) -> int:
         """One pass; a Redis outage is logged and retried on the next pass."""
@@ -50,6 +61,7 @@ class Sweeper:
         return expired
 
     async def _run(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             await self.sweep_once()
-            await asyncio.sleep(self._interval_s)
+            with contextlib.suppress(TimeoutError):  # the interval, or until stop()
+                await asyncio.wait_for(self._stopping.wait(), self._interval_s)

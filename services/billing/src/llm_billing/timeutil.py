@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import functools
 from datetime import UTC, datetime
 
 HOUR_MS = 3_600_000
@@ -29,7 +30,13 @@ def day_id(ms: int) -> int:
 
 def month_id(ms: int) -> str:
     """`YYYYMM` of the UTC month holding `ms`."""
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y%m")
+    return _month_of_day(ms // DAY_MS)
+
+
+@functools.lru_cache(maxsize=64)
+def _month_of_day(day: int) -> str:
+    # Cached: Reserve needs it on every call, and a day has one month.
+    return datetime.fromtimestamp(day * DAY_MS / 1000, UTC).strftime("%Y%m")
 
 
 def period_id(period: Period, ms: int) -> str:

@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from llm_billing import invoice
 from llm_billing.budgets import BudgetLimits
 from llm_billing.config import RedisSettings, Settings
-from llm_billing.ledger import Admission, ReserveInput, SettleInput, Usage
+from llm_billing.keys import KeySpace
+from llm_billing.ledger import Admission, Ledger, ReserveInput, SettleInput, Usage
+from llm_billing.mux import PoolPipeline
 from llm_billing.prices import MAX_PRICE_MICROS_PER_MTOK, PriceBook, load_prices
 from llm_billing.scripts import script_source
 from llm_billing.server import Billing, build_billing
@@ -53,15 +55,26 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
+@pytest.fixture(params=["mux", "pool"])
 async def billing_at(
-    settings: Settings, prices: PriceBook, clock: Clock, redis_client: redis.asyncio.Redis
+    request: pytest.FixtureRequest,
+    settings: Settings,
+    prices: PriceBook,
+    clock: Clock,
+    redis_client: redis.asyncio.Redis,
 ) -> AsyncIterator[Billing]:
+    """The wired service on a fake clock; Reserve/Settle over RedisMux or, as with TLS,
+    over redis-py's pool."""
     built = build_billing(settings, prices, clock=clock)
+    if request.param == "pool":
+        keys = KeySpace(settings.ledger.key_prefix)
+        hot = PoolPipeline(built.client)
+        ledger = Ledger(built.client, keys, prices, settings.ledger, clock=clock, hot=hot)
+        built = dataclasses.replace(built, ledger=ledger)
     try:
         yield built
     finally:
-        await built.client.aclose()
+        await built.aclose()
 
 
 def reserve(rid: str, tenant: str = "acme", key: str = "k1", model: str = "small",
@@ -197,7 +210,7 @@ async def test_scripts_are_reloaded_after_redis_forgets_them(
         await b.client.script_flush()
         assert (await b.ledger.settle(settle("r2"))).charged_micros > 0
     finally:
-        await b.client.aclose()
+        await b.aclose()
 
 
 async def test_unknown_model_and_unknown_reservation(billing_at: Billing) -> None:
@@ -302,7 +315,7 @@ async def test_price_change_applies_to_requests_admitted_after_it(
         new = await b.ledger.settle(settle("after", prompt=10, completion=10))
         assert (old.charged_micros, new.charged_micros) == (30, 70)
     finally:
-        await b.client.aclose()
+        await b.aclose()
 
 
 async def test_hard_and_soft_limits_with_a_daily_reset(billing_at: Billing, clock: Clock) -> None:

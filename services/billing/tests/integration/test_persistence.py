@@ -173,4 +173,4 @@ async def test_ledger_survives_a_redis_crash_with_aof(
         assert again.duplicate  # idempotency survived the crash too
         assert again.charged_micros == cost_of("big", 1007, 7)
     finally:
-        await b.client.aclose()
+        await b.aclose()

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from llm_billing.config import Settings
+from llm_billing.workers import check_workers, worker_settings
 from llm_common.config import ConfigError
 
 BASE = {"REDIS_URL": "redis://127.0.0.1:6379/0"}
@@ -23,6 +24,7 @@ def test_defaults() -> None:
     assert s.ledger.retention_ms == 35 * 86_400_000
     assert s.limits.max_tokens == 100_000_000
     assert s.redis.max_connections == 64
+    assert s.workers == 1
 
 
 def test_overrides() -> None:
@@ -36,6 +38,7 @@ def test_overrides() -> None:
             "BILLING_RECORD_RETENTION_DAYS": "90",
             "BILLING_SWEEP_INTERVAL_S": "0.5",
             "BILLING_MAX_TOKENS": "1000",
+            "BILLING_WORKERS": "4",
         }
     )
     assert s.prices_config == Path("/etc/prices.yaml")
@@ -45,6 +48,7 @@ def test_overrides() -> None:
     assert s.ledger.record_retention_days == 90
     assert s.ledger.sweep_interval_s == 0.5
     assert s.limits.max_tokens == 1000
+    assert s.workers == 4
 
 
 @pytest.mark.parametrize(
@@ -58,6 +62,9 @@ def test_overrides() -> None:
         ({**BASE, "BILLING_KEY_PREFIX": "a{b}"}, "BILLING_KEY_PREFIX"),
         ({**BASE, "BILLING_MAX_TOKENS": "1000000000"}, "BILLING_MAX_TOKENS"),
         ({**BASE, "BILLING_RECORD_RETENTION_DAYS": "0"}, "BILLING_RECORD_RETENTION_DAYS"),
+        ({**BASE, "BILLING_WORKERS": "0"}, "BILLING_WORKERS"),
+        ({**BASE, "BILLING_WORKERS": "65"}, "BILLING_WORKERS"),
+        ({**BASE, "BILLING_WORKERS": "two"}, "BILLING_WORKERS"),
         ({**BASE, "GRPC_PORT": "70000"}, "GRPC_PORT"),
     ],
 )
@@ -75,3 +82,20 @@ def test_reservation_ttl_must_be_shorter_than_retention() -> None:
     }
     with pytest.raises(ConfigError, match="BILLING_RESERVATION_TTL_S"):
         Settings.from_env(env)
+
+
+def test_workers_share_the_grpc_port_and_get_their_own_metrics_ports() -> None:
+    s = Settings.from_env({**BASE, "BILLING_WORKERS": "3", "METRICS_PORT": "9300"})
+    ports = [worker_settings(s, i).server for i in range(3)]
+    assert [p.grpc_port for p in ports] == [50056] * 3
+    assert [p.metrics_port for p in ports] == [9300, 9301, 9302]
+    off = Settings.from_env({**BASE, "BILLING_WORKERS": "3", "METRICS_PORT": "off"})
+    assert worker_settings(off, 2).server.metrics_port is None
+
+
+def test_several_workers_need_a_fixed_port() -> None:
+    s = Settings.from_env({**BASE, "BILLING_WORKERS": "2", "GRPC_PORT": "0"})
+    with pytest.raises(ConfigError) as err:
+        check_workers(s)
+    assert err.value.variable == "BILLING_WORKERS"
+    check_workers(Settings.from_env({**BASE, "GRPC_PORT": "0"}))  # one worker: fine

@@ -1,0 +1,137 @@
+"""RedisMux, the auto-pipelined hot-path connection, on real Redis: replies reach their own
+callers under concurrency, error replies stay per command, AUTH and SELECT are applied, and a
+lost or hung connection fails the calls in flight and is replaced by the next call."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from llm_billing.config import RedisSettings
+from llm_billing.mux import Endpoint, PoolPipeline, RedisMux, pipelined
+from llm_billing.store import make_client
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def mux(redis_client: redis.asyncio.Redis) -> AsyncIterator[RedisMux]:
+    endpoint = Endpoint.of(redis_client)
+    assert endpoint is not None
+    m = RedisMux(endpoint)
+    try:
+        yield m
+    finally:
+        await m.aclose()
+
+
+async def test_concurrent_calls_get_their_own_replies(
+    mux: RedisMux, redis_client: redis.asyncio.Redis, redis_prefix: str
+) -> None:
+    async def one(i: int) -> None:
+        key = f"{redis_prefix}mux:{i}"
+        replies = await mux.execute(
+            [["SET", key, f"v{i}"], ["INCRBY", key + ":n", i], ["GET", key]]
+        )
+        assert replies == ["OK", i, f"v{i}"]
+
+    await asyncio.gather(*(one(i) for i in range(500)))
+    # What the mux wrote is what an ordinary client reads (the same database).
+    assert await redis_client.get(f"{redis_prefix}mux:499") == b"v499"
+    assert await redis_client.get(f"{redis_prefix}mux:7:n") == b"7"
+
+
+async def test_an_error_reply_belongs_to_its_command_only(mux: RedisMux, redis_prefix: str) -> None:
+    key = f"{redis_prefix}mux:e"
+    replies = await mux.execute(
+        [["SET", key, "x"], ["INCR", key], ["EVALSHA", "0" * 40, 0], ["GET", key]]
+    )
+    assert replies[0] == "OK"
+    assert isinstance(replies[1], ResponseError)
+    assert isinstance(replies[2], NoScriptError)
+    assert replies[3] == "x"
+
+
+async def test_a_killed_connection_fails_and_the_next_call_reconnects(
+    mux: RedisMux, redis_client: redis.asyncio.Redis, redis_prefix: str
+) -> None:
+    (first_id,) = await mux.execute([["CLIENT", "ID"]])
+    # A call in flight (BLPOP waits on Redis) when the connection is killed fails...
+    blocked = asyncio.create_task(mux.execute([["BLPOP", f"{redis_prefix}never", 10]]))
+    await asyncio.sleep(0.2)
+    assert await redis_client.client_kill_filter(_id=first_id) == 1
+    async with asyncio.timeout(5):
+        with pytest.raises(RedisConnectionError):
+            await blocked
+    # ...and the next call gets a new connection.
+    (second_id,) = await mux.execute([["CLIENT", "ID"]])
+    assert second_id != first_id
+
+
+async def test_auth_and_select_are_applied(private_redis: Callable[..., Any]) -> None:
+    store = private_redis()
+    admin = redis.asyncio.Redis.from_url(store.url, decode_responses=True)
+    try:
+        await admin.config_set("requirepass", "s3cret")
+        url = f"redis://:s3cret@127.0.0.1:{store.port}/3"
+        client = make_client(RedisSettings(url))
+        hot = pipelined(client)
+        assert isinstance(hot, RedisMux)
+        try:
+            assert await hot.execute([["SET", "k", "v"]]) == ["OK"]
+            assert await client.get("k") == "v"  # db 3, as the URL says
+        finally:
+            await hot.aclose()
+            await client.aclose()
+    finally:
+        await admin.aclose()
+
+
+async def test_a_hung_redis_times_out_then_recovers(private_redis: Callable[..., Any]) -> None:
+    store = private_redis()
+    client = make_client(RedisSettings(store.url, timeout_s=0.3))
+    hot = pipelined(client)
+    try:
+        assert await hot.execute([["PING"]]) == ["PONG"]
+        store.process.send_signal(signal.SIGSTOP)
+        try:
+            async with asyncio.timeout(5):  # the watchdog must fire well before this
+                with pytest.raises(RedisTimeoutError):
+                    await hot.execute([["PING"]])
+        finally:
+            store.process.send_signal(signal.SIGCONT)
+        assert await hot.execute([["PING"]]) == ["PONG"]
+    finally:
+        await hot.aclose()
+        await client.aclose()
+
+
+async def test_unreachable_redis_is_a_connection_error() -> None:
+    client = make_client(RedisSettings("redis://127.0.0.1:1/0", timeout_s=0.3))
+    hot = pipelined(client)
+    try:
+        with pytest.raises(RedisConnectionError):
+            await hot.execute([["PING"]])
+    finally:
+        await hot.aclose()
+        await client.aclose()
+
+
+async def test_tls_urls_use_the_pool(redis_client: redis.asyncio.Redis) -> None:
+    client = make_client(RedisSettings("rediss://127.0.0.1:6380/0"))
+    try:
+        assert Endpoint.of(client) is None
+        assert isinstance(pipelined(client), PoolPipeline)
+    finally:
+        await client.aclose()
+    replies = await PoolPipeline(redis_client).execute([["PING"], ["EVALSHA", "0" * 40, 0]])
+    assert replies[0] in ("PONG", True)
+    assert isinstance(replies[1], NoScriptError)
