@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from llm_common import server as server_module
 from llm_common.config import ServerSettings
 from llm_common.server import BuiltServer, serve
 from llm_common.testing import bytes_service, free_port, running_server
@@ -98,3 +100,35 @@ async def test_failed_on_start_stops_the_server_without_on_stop() -> None:
         async with running_server(spec):
             pass
     assert not stopped.is_set()
+
+
+class _StubbornServer:
+    """A server whose stop() swallows its cancellation (as a wedged grpc stop can): the one
+    case the real server cannot be made to produce on demand."""
+
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    async def stop(self, grace: float | None) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled += 1  # swallowed once; the test's own teardown cancels it for good
+        await asyncio.sleep(3600)
+
+
+async def test_stop_gives_up_even_when_the_server_swallows_cancellation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server_module, "STOP_MARGIN_S", 0.2)
+    stubborn = _StubbornServer()
+    built = server_module.BuiltServer(
+        server=stubborn,  # type: ignore[arg-type]
+        health=health.aio.HealthServicer(),
+        port=0,
+    )
+    started = time.monotonic()
+    await server_module._stop(built, grace_s=0.1)
+    assert time.monotonic() - started < 2.0
+    await asyncio.sleep(0)  # let the cancellation reach the stubborn stop()
+    assert stubborn.cancelled == 1

