@@ -18,7 +18,7 @@ TYPED := libs/llm-common/src $(wildcard services/*/src infra/envoy/src infra/loc
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
         test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-router \
-        bench-stack
+        bench-stack bench-load
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -133,6 +133,10 @@ compose-prepare: model ## secrets and Envoy config for infra/compose.yaml
 
 bench-stack: model ## edge vs replica latency, cache hits/s → bench/results/stack.json
 	$(PY) bench/bench_stack.py
+
+# BENCH_LOAD_ARGS="--soak-s 60" for a short soak; the default soak is 10 minutes.
+bench-load: model ## open-loop load steps, saturation, soak RSS → bench/results/resilience.json, load.png
+	$(PY) bench/bench_load.py $(BENCH_LOAD_ARGS)
 
 clean: ## remove caches and build outputs (keeps .venv and the demo model)
 	rm -rf .pytest_cache .mypy_cache .ruff_cache bench/results/*.json bench/results/*.png

@@ -178,6 +178,32 @@ def test_a_process_is_stopped_with_sigterm_and_logs_to_its_file(tmp_path: Path) 
     assert "--- start" in process.log_tail()
 
 
+def _proc_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def _until_state(pid: int, wanted: str) -> str:
+    deadline = time.monotonic() + 5
+    while (state := _proc_state(pid)) != wanted and time.monotonic() < deadline:
+        time.sleep(0.02)  # the kernel applies the signal asynchronously
+    return state
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs procfs")
+def test_a_frozen_process_is_thawed_and_still_stopped_gracefully(tmp_path: Path) -> None:
+    process = ManagedProcess(sleeper(tmp_path))
+    process.start()
+    time.sleep(0.3)  # let the child install its handler
+    assert process.pid is not None
+    process.freeze()
+    assert _until_state(process.pid, "T") == "T"  # stopped, not running
+    process.thaw()
+    assert _until_state(process.pid, "S") in ("S", "R")
+    process.freeze()
+    process.stop()  # SIGTERM reaches it at once, not SIGKILL after the grace
+    assert process.exit_code() == 3
+
+
 def test_a_recorded_pid_is_only_signalled_while_it_runs_the_recorded_command(
     tmp_path: Path,
 ) -> None:

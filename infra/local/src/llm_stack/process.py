@@ -73,6 +73,14 @@ class ManagedProcess:
             assert self._popen is not None
             self._popen.send_signal(sig)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the process keeps its sockets but answers nothing (a hung peer)."""
+        self.signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        """SIGCONT: a frozen process runs on; a no-op for one that was not frozen."""
+        self.signal(signal.SIGCONT)
+
     def wait(self, timeout_s: float) -> bool:
         """Whether it exited within `timeout_s`."""
         if self._popen is None:
@@ -88,6 +96,7 @@ class ManagedProcess:
         if not self.alive():
             return
         self.signal(signal.SIGTERM)
+        self.thaw()  # a frozen process would only see the SIGTERM after its grace
         if not self.wait(self.spec.grace_s):
             self.kill()
 

@@ -292,6 +292,7 @@ def _stop_all(processes: Iterable[ManagedProcess]) -> None:
     chosen = [p for p in processes if p.alive()]
     for p in chosen:
         p.signal(signal.SIGTERM)
+        p.thaw()  # a frozen (SIGSTOPped) child handles the SIGTERM only once continued
     for p in chosen:
         if not p.wait(p.spec.grace_s):
             p.kill()
