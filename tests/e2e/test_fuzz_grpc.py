@@ -549,11 +549,6 @@ def undecodable(method: descriptor.MethodDescriptor) -> list[bytes]:
     return bodies
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="grpc.aio answers UNKNOWN when the request deserializer raises; llm-common's "
-    "server wrapper has to turn DecodeError into INVALID_ARGUMENT (issue #9 report)",
-)
 def test_undecodable_requests_get_client_errors(
     stack: RunningStack, fuzz_key: str, channels: Callable[[str], grpc.Channel]
 ) -> None:

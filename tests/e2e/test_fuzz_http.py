@@ -350,11 +350,6 @@ def test_oversized_body_is_refused(stack: RunningStack, key: str, size: int) -> 
     assert answer.status == 413, answer.body[:300]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="translate.parse_body lets json's RecursionError escape: the router drops the "
-    "connection and Envoy answers 503 (issue #9 report)",
-)
 @pytest.mark.parametrize("path", sorted(ENDPOINTS))
 def test_deeply_nested_json_is_a_client_error(stack: RunningStack, key: str, path: str) -> None:
     for body in (b"[" * 1_000 + b"]" * 1_000, b'{"a":' * 100_000, b"[" * 100_000):
@@ -370,12 +365,6 @@ SURROGATES = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="json.loads keeps lone surrogates (\\ud800 escapes, and raw ones: it decodes bytes "
-    "with surrogatepass); building the LLMService request then raises UnicodeEncodeError, the "
-    "router drops the connection and Envoy answers 503 (issue #9 report)",
-)
 @pytest.mark.parametrize("path", sorted(SURROGATES))
 def test_lone_surrogates_are_a_client_error(stack: RunningStack, key: str, path: str) -> None:
     headers_ = {"authorization": f"Bearer {key}", "content-type": "application/json"}

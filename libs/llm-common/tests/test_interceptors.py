@@ -17,6 +17,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client import CollectorRegistry
 
 from llm_common.channels import make_channel
+from llm_common.errors import parse_error
 from llm_common.interceptors import REQUEST_ID_HEADER, request_id_from
 from llm_common.logging import current_request_id, get_logger
 from llm_common.metrics import RpcMetrics
@@ -245,3 +246,16 @@ async def test_cancelled_streams_are_logged_without_crashing(
     codes = [line["code"] for line in json_logs.events("rpc")]
     assert codes.count("CANCELLED") >= CANCELLED_STREAMS // 2
     assert all(line["peer"] for line in json_logs.events("rpc"))
+
+
+async def test_undecodable_request_is_invalid_argument(hops: Hops) -> None:
+    # grpc.aio answers UNKNOWN (and logs an error) when the request does not parse; the
+    # interceptor makes it the client's INVALID_ARGUMENT, with the field violation.
+    check = bytes_unary(hops.outer, "/grpc.health.v1.Health/Check")
+    for body in (b"\xff\xff\xff\xff", b"\x0a\x80", b"\x0a\x03\xed\xa0\x80"):
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await check(body)
+        assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, body
+        (violation,) = parse_error(caught.value).field_violations
+        assert "not a valid message" in violation.description
+    assert (await check(b"")) is not None  # the server is fine afterwards

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
 from llm_common.deadlines import deadline_after, deadline_var
-from llm_common.errors import ServiceError
+from llm_common.errors import FieldViolation, InvalidArgument, ServiceError
 from llm_common.logging import get_logger, request_id_var
 from llm_common.metrics import RpcMetrics, default_rpc_metrics, split_method
 from llm_common.tracing import ServerSpan, rpc_tracer
@@ -104,10 +105,13 @@ class _Call:
         code = _final_code(context, error)
         method.metrics.finished(method.service, method.name, code.name, duration)
         _access_log(method, code.name, duration, self._peer)
-        deadline_var.reset(self._deadline_token)
-        request_id_var.reset(self._id_token)
         if self._span is not None:
             self._span.end(code)
+        try:
+            deadline_var.reset(self._deadline_token)
+            request_id_var.reset(self._id_token)
+        except ValueError:
+            pass  # a cancelled stream is closed from another context, which dies with it
 
 
 def _final_code(context: Context, error: BaseException | None) -> grpc.StatusCode:
@@ -129,11 +133,42 @@ def _access_log(method: _Method, code: str, duration: float, peer: str) -> None:
         _log.info("rpc", peer=peer, **fields)
 
 
+@dataclass(frozen=True, slots=True)
+class Undecodable:
+    """Stands in for a request whose bytes did not parse, so the handler can answer
+    INVALID_ARGUMENT (grpc itself would answer UNKNOWN and log an error)."""
+
+    error: str
+
+
+def decoding_guarded(deserialize: Callable[[bytes], Any] | None) -> Any:
+    """`deserialize` returning Undecodable instead of raising on malformed bytes."""
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except (DecodeError, UnicodeDecodeError) as exc:
+            return Undecodable(type(exc).__name__)
+
+    return parse
+
+
+def refuse_undecodable(request: Any) -> None:
+    """InvalidArgument for a request that did not parse."""
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(
+            [FieldViolation("", f"the request is not a valid message ({request.error})")]
+        )
+
+
 def _wrap_coroutine(behavior: Any, method: _Method) -> Any:
     async def call(request: Any, context: Context) -> Any:
         rpc = _Call(method, context)
         error: BaseException | None = None
         try:
+            refuse_undecodable(request)
             return await behavior(request, context)
         except Exception as exc:
             error = exc
@@ -152,6 +187,7 @@ def _wrap_async_gen(behavior: Any, method: _Method) -> Any:
         rpc = _Call(method, context)
         error: BaseException | None = None
         try:
+            refuse_undecodable(request)
             async with aclosing(behavior(request, context)) as responses:
                 async for response in responses:
                     yield response
@@ -170,9 +206,14 @@ def _wrap_async_gen(behavior: Any, method: _Method) -> Any:
 def _wrap(behavior: Any, method: _Method) -> Any:
     if inspect.isasyncgenfunction(behavior):
         return _wrap_async_gen(behavior, method)
-    if inspect.iscoroutinefunction(behavior):  # unary, or a stream using context.write()
-        return _wrap_coroutine(behavior, method)
-    return behavior  # sync handlers run on grpc's migration thread pool; left alone
+    return _wrap_coroutine(behavior, method)  # unary, or a stream using context.write()
+
+
+def _is_async(handler: grpc.RpcMethodHandler[Any, Any]) -> bool:
+    behavior = next(
+        (getattr(handler, kind) for kind, _ in _FACTORIES if getattr(handler, kind)), None
+    )
+    return inspect.isasyncgenfunction(behavior) or inspect.iscoroutinefunction(behavior)
 
 
 _FACTORIES = (
@@ -184,16 +225,21 @@ _FACTORIES = (
 
 
 def wrap_handler(
-    handler: grpc.RpcMethodHandler[Any, Any], wrap: Callable[[Any], Any]
+    handler: grpc.RpcMethodHandler[Any, Any],
+    wrap: Callable[[Any], Any],
+    *,
+    guard_decoding: bool = False,
 ) -> grpc.RpcMethodHandler[Any, Any]:
     """A copy of `handler` with its behaviour replaced by `wrap(behaviour)`, keeping its
-    request deserializer and response serializer."""
+    response serializer and request deserializer (made to return Undecodable instead of
+    raising with `guard_decoding`; the wrapper must then refuse it)."""
     for kind, factory in _FACTORIES:
         behavior = getattr(handler, kind)
         if behavior is not None:
-            return factory(
-                wrap(behavior), handler.request_deserializer, handler.response_serializer
-            )
+            deserialize = handler.request_deserializer
+            if guard_decoding and kind.startswith("unary_"):  # not per item of a stream
+                deserialize = decoding_guarded(deserialize)
+            return factory(wrap(behavior), deserialize, handler.response_serializer)
     return handler
 
 
@@ -233,7 +279,11 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         if cached is not None and cached[0] is handler:
             return cached[1]
         method = self._describe(name)
-        wrapped = wrap_handler(handler, lambda behavior: _wrap(behavior, method))
+        if not _is_async(handler):
+            return handler  # sync handlers run on grpc's thread pool; left alone
+        wrapped = wrap_handler(
+            handler, lambda behavior: _wrap(behavior, method), guard_decoding=True
+        )
         self._handlers[name] = (handler, wrapped)
         return wrapped
 

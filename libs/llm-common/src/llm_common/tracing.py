@@ -96,6 +96,7 @@ class ServerSpan:
 
     span: trace.Span
     token: object
+    context: otel_context.Context
 
     @classmethod
     def start(
@@ -110,13 +111,14 @@ class ServerSpan:
             kind=trace.SpanKind.SERVER,
             attributes=_rpc_attributes(full_method),
         )
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
-        return cls(span, token)
+        context = trace.set_span_in_context(span, parent)
+        return cls(span, otel_context.attach(context), context)
 
     def end(self, code: grpc.StatusCode | None) -> None:
         """Record the final status, end the span and restore the previous context."""
         _finish(self.span, code, _SERVER_ERROR_CODES)
-        otel_context.detach(self.token)  # type: ignore[arg-type]
+        if otel_context.get_current() is self.context:
+            otel_context.detach(self.token)  # type: ignore[arg-type]
 
 
 def _finish(

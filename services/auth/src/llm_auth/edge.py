@@ -24,6 +24,7 @@ from llm_auth.extauthz import AuthorizationServicer
 from llm_auth.ratelimit_service import RateLimitServicer
 from llm_common.config import ServerSettings
 from llm_common.errors import ServiceError
+from llm_common.interceptors import decoding_guarded, refuse_undecodable
 from llm_common.logging import get_logger
 from llm_common.metrics import RpcMetrics, default_rpc_metrics
 from llm_common.server import server_options
@@ -75,6 +76,7 @@ def metered(behavior: Behavior, service: str, method: str, metrics: RpcMetrics) 
         start = time.perf_counter()
         code = "OK"
         try:
+            refuse_undecodable(request)
             return await behavior(request, context)
         except ServiceError as err:
             code = err.code.name
@@ -101,7 +103,7 @@ def _metered_handler(
         raise ValueError(f"/{service}/{method} is not unary-unary")
     return grpc.unary_unary_rpc_method_handler(
         metered(behavior, service, method, metrics),
-        request_deserializer=handler.request_deserializer,
+        request_deserializer=decoding_guarded(handler.request_deserializer),
         response_serializer=handler.response_serializer,
     )
 

@@ -49,12 +49,26 @@ def parse_body(body: bytes) -> Payload:
     if not body:
         raise invalid("the request body must be a JSON object")
     try:
-        payload = json.loads(body)
+        # Strict UTF-8: json.loads(bytes) would let surrogates through ("surrogatepass").
+        payload = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise invalid("the request body is not valid JSON") from None
+    except RecursionError:
+        raise invalid("the request body is nested too deeply") from None
     if not isinstance(payload, dict):
         raise invalid("the request body must be a JSON object")
+    _check_encodable(payload)
     return payload
+
+
+def _check_encodable(payload: Payload) -> None:
+    # A lone surrogate escape ("\ud800") decodes to a str no protobuf string can carry.
+    try:
+        json.dumps(payload, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("the request body has an unpaired \\u surrogate escape") from None
+    except RecursionError:
+        raise invalid("the request body is nested too deeply") from None
 
 
 def _model(payload: Payload) -> str:

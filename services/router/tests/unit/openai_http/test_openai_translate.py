@@ -175,7 +175,18 @@ def test_embeddings_reject(fields: dict[str, Any], param: str) -> None:
     assert err.value.param == param
 
 
-@pytest.mark.parametrize("body", [b"", b"{not json", b"[1, 2]", b"\xff\xfe"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"{not json",
+        b"[1, 2]",
+        b"\xff\xfe",
+        b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",  # deeper than json can recurse
+        b'{"model": "m", "prompt": "\\ud800"}',  # a lone surrogate escape
+        b'{"model": "m", "prompt": "\xed\xa0\x80"}',  # a raw surrogate (invalid UTF-8)
+    ],
+)
 def test_bodies_that_are_not_a_json_object(body: bytes) -> None:
     with pytest.raises(OpenAIError) as err:
         translate.parse_body(body)
