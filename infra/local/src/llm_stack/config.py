@@ -9,7 +9,7 @@ from pathlib import Path
 
 from llm_common.config import ConfigError, env_str
 from llm_envoy.layouts import LocalPorts
-from llm_envoy.topology import SERVICES, Endpoint
+from llm_envoy.topology import AUTH_EDGE_PORT, SERVICES, Endpoint
 from llm_stack.catalogue import local_replicas
 
 DEFAULT_REDIS_PORT = 6380  # beside, not on, a developer's own Redis at 6379
@@ -28,7 +28,8 @@ class StackPorts:
     """Every port the stack binds. `envoy.grpc` holds the core services' gRPC ports;
     `replicas` maps each catalogue replica port to the port its process binds."""
 
-    envoy: LocalPorts = field(default_factory=LocalPorts)
+    # Envoy's ext_authz and rate-limit calls go to auth's lean listener on `auth_edge`.
+    envoy: LocalPorts = field(default_factory=lambda: LocalPorts(auth_edge=AUTH_EDGE_PORT))
     metrics: Mapping[str, int] = field(default_factory=dict)  # process name -> port
     replicas: Mapping[int, int] = field(default_factory=dict)  # catalogue port -> bound port
     redis: int = DEFAULT_REDIS_PORT
@@ -60,6 +61,7 @@ def free_ports(catalogue_ports: tuple[int, ...]) -> StackPorts:
         router_http=free_port(),
         grpc=grpc,
         inference=tuple(replicas.values()),
+        auth_edge=free_port(),
     )
     names = [*CORE_SERVICES, *(f"replica-{p}" for p in catalogue_ports)]
     return StackPorts(envoy, {n: free_port() for n in names}, replicas, free_port())

@@ -62,6 +62,10 @@ def _service(
     )
 
 
+def _auth_edge(port: int | None) -> dict[str, str]:
+    return {} if port is None else {"AUTH_EDGE_PORT": str(port)}
+
+
 def core_specs(shared: Shared) -> list[ProcessSpec]:
     """auth, tokenizer, cache, billing and the router (which reaches them through the mesh)."""
     c, prefix = shared.config, shared.config.redis_prefix
@@ -74,7 +78,8 @@ def core_specs(shared: Shared) -> list[ProcessSpec]:
             "AUTH_BOOTSTRAP_ADMIN_KEY_FILE": str(shared.credentials.admin_key_file),
             "AUTH_ADMIN_TENANT": c.admin_tenant,
             "AUTH_REDIS_PREFIX": f"{prefix}auth:",
-        },
+        }
+        | _auth_edge(c.ports.envoy.auth_edge),
         "tokenizer": {},
         # One encoder thread: the host's cores are shared by every process of the stack.
         "cache": redis
