@@ -93,6 +93,7 @@ def core_specs(shared: Shared) -> list[ProcessSpec]:
             "BILLING_SERVICE_ADDR": shared.mesh,
             "AUTH_SERVICE_ADDR": shared.mesh,
             "INFERENCE_MESH_ADDR": shared.mesh,
+            "ROUTER_CHANNEL_RETRIES": "false",  # the mesh retries; never one hop at two layers
             "ROUTER_POLICIES": str(c.policies_config),
             "ROUTER_OUTBOX_DIR": str(c.run_dir / "router-outbox"),
             "ROUTER_HTTP_PORT": str(c.ports.envoy.router_http),
