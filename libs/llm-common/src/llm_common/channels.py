@@ -104,66 +104,21 @@ class _Outgoing:
         return call
 
 
-def _stream_kwargs(
-    timeout: Any, metadata: Any, credentials: Any, wait_for_ready: Any, compression: Any
-) -> dict[str, Any]:
-    return {
-        "timeout": timeout,
-        "metadata": metadata,
-        "credentials": credentials,
-        "wait_for_ready": wait_for_ready,
-        "compression": compression,
-    }
+# The options of a call, in the order the client-streaming stubs pass them positionally.
+_CALL_OPTIONS = ("timeout", "metadata", "credentials", "wait_for_ready", "compression")
 
 
-class _UnaryUnary(grpc.aio.UnaryUnaryMultiCallable[Any, Any]):
+class _TracedCallable:
+    """One of the channel's multi-callables (any of the four shapes), `_Outgoing` applied."""
+
+    __slots__ = ("_inner", "_outgoing")
+
     def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
         self._inner, self._outgoing = inner, outgoing
 
-    def __call__(self, request: Any, **kwargs: Any) -> Any:
+    def __call__(self, request: Any = None, *options: Any, **kwargs: Any) -> Any:
+        kwargs.update(zip(_CALL_OPTIONS, options, strict=False))
         return self._outgoing.start(self._inner, request, kwargs)
-
-
-class _UnaryStream(grpc.aio.UnaryStreamMultiCallable[Any, Any]):
-    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
-        self._inner, self._outgoing = inner, outgoing
-
-    def __call__(self, request: Any, **kwargs: Any) -> Any:
-        return self._outgoing.start(self._inner, request, kwargs)
-
-
-class _StreamUnary(grpc.aio.StreamUnaryMultiCallable[Any, Any]):
-    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
-        self._inner, self._outgoing = inner, outgoing
-
-    def __call__(  # the stubs declare every argument positional for client streams
-        self,
-        request_iterator: Any = None,
-        timeout: Any = None,
-        metadata: Any = None,
-        credentials: Any = None,
-        wait_for_ready: Any = None,
-        compression: Any = None,
-    ) -> Any:
-        kwargs = _stream_kwargs(timeout, metadata, credentials, wait_for_ready, compression)
-        return self._outgoing.start(self._inner, request_iterator, kwargs)
-
-
-class _StreamStream(grpc.aio.StreamStreamMultiCallable[Any, Any]):
-    def __init__(self, inner: Any, outgoing: _Outgoing) -> None:
-        self._inner, self._outgoing = inner, outgoing
-
-    def __call__(  # the stubs declare every argument positional for client streams
-        self,
-        request_iterator: Any = None,
-        timeout: Any = None,
-        metadata: Any = None,
-        credentials: Any = None,
-        wait_for_ready: Any = None,
-        compression: Any = None,
-    ) -> Any:
-        kwargs = _stream_kwargs(timeout, metadata, credentials, wait_for_ready, compression)
-        return self._outgoing.start(self._inner, request_iterator, kwargs)
 
 
 class TracedChannel(grpc.aio.Channel):
@@ -197,20 +152,19 @@ class TracedChannel(grpc.aio.Channel):
         await self._inner.channel_ready()
 
     def unary_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _UnaryUnary(self._inner.unary_unary(method, *args, **kwargs), self._out(method))
+        return self._traced(self._inner.unary_unary(method, *args, **kwargs), method)
 
     def unary_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _UnaryStream(self._inner.unary_stream(method, *args, **kwargs), self._out(method))
+        return self._traced(self._inner.unary_stream(method, *args, **kwargs), method)
 
     def stream_unary(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return _StreamUnary(self._inner.stream_unary(method, *args, **kwargs), self._out(method))
+        return self._traced(self._inner.stream_unary(method, *args, **kwargs), method)
 
     def stream_stream(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        inner = self._inner.stream_stream(method, *args, **kwargs)
-        return _StreamStream(inner, self._out(method))
+        return self._traced(self._inner.stream_stream(method, *args, **kwargs), method)
 
-    def _out(self, method: str) -> _Outgoing:
-        return _Outgoing(method, self._tracer)
+    def _traced(self, inner: Any, method: str) -> _TracedCallable:
+        return _TracedCallable(inner, _Outgoing(method, self._tracer))
 
 
 def make_channel(
