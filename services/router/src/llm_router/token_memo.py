@@ -63,7 +63,8 @@ class TokenMemo:
             return
         if key in self._entries:
             self._drop(key)
-        self._entries[key] = (self._clock() + self._settings.ttl_s, array("l", ids))
+        # 4 bytes an id ("i"): vocabularies stay far below 2**31.
+        self._entries[key] = (self._clock() + self._settings.ttl_s, array("i", ids))
         self._held += len(ids)
         while self._held > self._settings.max_tokens:
             self._drop(next(iter(self._entries)))
