@@ -31,6 +31,9 @@ from llmapi.cache.v1 import cache_service_pb2 as pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
+# Called on every generation request: no access line each (llm_rpc_* metrics count them, and
+# an unexpected error is still logged with its traceback).
+QUIET_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Lookup", "Store"))
 BREAKER_NAME = "cache-redis"
 _FOLLOW_TIMEOUT_S = 5.0  # the follower's XREAD blocks for 1 s
 
@@ -140,7 +143,11 @@ def build_spec(app: CacheApp) -> ServiceSpec:
         pb_grpc.add_CacheServiceServicer_to_server(servicer, server)
 
     return ServiceSpec(
-        service_names=(SERVICE_NAME,), register=register, on_start=app.start, on_stop=app.close
+        service_names=(SERVICE_NAME,),
+        register=register,
+        on_start=app.start,
+        on_stop=app.close,
+        quiet_methods=QUIET_METHODS,
     )
 
 
