@@ -173,9 +173,10 @@ class DownstreamSettings:
     # Start generation while quota and budget are being reserved; nothing is released to the
     # caller until admission succeeds, and a refusal cancels the generation.
     overlap_admission: bool = True
-    # How long generation waits for the cache lookup before starting anyway (cancelled on a
-    # hit): bounds what a slow cache adds to every miss.
-    lookup_grace_s: float = 0.002
+    # While hits are common, how long generation waits for the cache lookup before starting
+    # anyway (cancelled on a hit): bounds what a slow cache adds to a miss. Generous, because
+    # a lookup slower than the grace makes every hit cost a replica prefill it then drops.
+    lookup_grace_s: float = 0.05
     # Below this recent hit rate generation starts before the lookup answers (a hit cancels
     # it): the replica's wasted prefill on rare hits is cheaper than the grace on every miss.
     speculate_below_hit_rate: float = 0.2

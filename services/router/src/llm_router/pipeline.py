@@ -61,7 +61,7 @@ class Pipeline:
         background: Background,
         metrics: RouterMetrics,
         overlap_admission: bool = True,
-        lookup_grace_s: float = 0.002,
+        lookup_grace_s: float = 0.05,
         speculate_below_hit_rate: float = 0.0,
     ) -> None:
         self._overlap = overlap_admission
