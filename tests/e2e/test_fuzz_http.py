@@ -339,11 +339,6 @@ def oversized(stack: RunningStack, key: str, size: int) -> Answer:
         connection.close()
 
 
-@pytest.mark.xfail(
-    strict=False,  # a race: sometimes Envoy does relay the router's 413
-    reason="the router answers 413 and closes while Envoy is still sending the body; Envoy "
-    "then reports upstream_reset_before_response_started as 503 (issue #9 report)",
-)
 @pytest.mark.parametrize("size", [4 * 1024 * 1024 + 1, 16 * 1024 * 1024])
 def test_oversized_body_is_refused(stack: RunningStack, key: str, size: int) -> None:
     answer = oversized(stack, key, size)

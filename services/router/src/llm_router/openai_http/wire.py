@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,6 +12,8 @@ from typing import Any
 MAX_HEADER_BYTES = 32 * 1024
 MAX_HEADERS = 100
 MAX_BODY_BYTES = 4 * 1024 * 1024
+DRAIN_FACTOR = 8  # an oversized body is read and dropped up to 8 x the limit (see _discard)
+DRAIN_CHUNK_BYTES = 64 * 1024
 _REASONS = {
     100: "Continue",
     200: "OK",
@@ -120,11 +123,25 @@ async def _read_body(reader: asyncio.StreamReader, headers: dict[str, str], max_
         raise HttpError(400, "invalid content-length")
     length = int(raw)
     if length > max_body:
+        await _discard(reader, length, max_body)
         raise HttpError(413, f"request body exceeds {max_body} bytes")
     try:
         return await reader.readexactly(length)
     except asyncio.IncompleteReadError:
         raise HttpError(400, "request body shorter than content-length") from None
+
+
+async def _discard(reader: asyncio.StreamReader, length: int, max_body: int) -> None:
+    # Read an oversized body before answering 413: a proxy still sending it would take the
+    # early close for a failed upstream (Envoy answers 503). Only up to DRAIN_FACTOR x the
+    # limit, so a huge declared length cannot keep the connection busy.
+    if length > DRAIN_FACTOR * max_body:
+        return
+    remaining = length
+    with contextlib.suppress(asyncio.IncompleteReadError):
+        while remaining:
+            chunk = await reader.readexactly(min(remaining, DRAIN_CHUNK_BYTES))
+            remaining -= len(chunk)
 
 
 async def _read_chunked(reader: asyncio.StreamReader, max_body: int) -> bytes:

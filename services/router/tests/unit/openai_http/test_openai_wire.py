@@ -87,3 +87,25 @@ async def test_malformed_or_oversized_requests(data: bytes, status: int) -> None
     with pytest.raises(HttpError) as err:
         await read(data)
     assert err.value.status == status
+
+
+async def test_an_oversized_body_is_read_before_the_413() -> None:
+    # A proxy still sending the body would take an early close for a failed upstream.
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"POST /v1/x HTTP/1.1\r\nContent-Length: 3000\r\n\r\n" + b"x" * 3000)
+    reader.feed_data(b"GET /v1/models HTTP/1.1\r\n\r\n")
+    reader.feed_eof()
+    with pytest.raises(HttpError) as err:
+        await read_request(reader, lambda: None, 1024)
+    assert err.value.status == 413
+    following = await read_request(reader, lambda: None, 1024)
+    assert following is not None
+    assert following.path == "/v1/models"
+
+
+async def test_a_huge_declared_body_is_not_waited_for() -> None:
+    reader = asyncio.StreamReader()
+    reader.feed_data(b"POST /v1/x HTTP/1.1\r\nContent-Length: 1000000000\r\n\r\nxyz")
+    with pytest.raises(HttpError) as err:  # no EOF fed: waiting for the body would hang
+        await asyncio.wait_for(read_request(reader, lambda: None, 1024), 5.0)
+    assert err.value.status == 413
