@@ -10,6 +10,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
@@ -67,6 +68,28 @@ def _transitions(log: str, since: int) -> list[str]:
     return states
 
 
+def _recovers_through_half_open(
+    chaos_stack: ChaosStack, router_log: Path, log_start: int
+) -> tuple[Counter[str], float, list[str]]:
+    """Requests until the breaker is closed again (all served), how long that took, and the
+    breaker's transitions: closed again only through a successful half-open trial."""
+    since = time.monotonic()
+    with grpc.insecure_channel(chaos_stack.edge) as channel:
+        recovered = _served_until(
+            chaos_stack,
+            channel,
+            "breaker closed",
+            lambda: _breaker_state(chaos_stack) == CLOSED,
+            CLOSE_TIMEOUT_S,
+        )
+    closed_s = time.monotonic() - since
+    assert set(recovered) == {"OK"}, dict(recovered)
+    transitions = _transitions(router_log.read_text(errors="replace"), log_start)
+    assert "half_open" in transitions, transitions
+    assert transitions[-1] == "closed", transitions
+    return recovered, closed_s, transitions
+
+
 def test_failing_cache_opens_the_breaker_and_recovers(chaos_stack: ChaosStack) -> None:
     router_log = chaos_stack.process("router").spec.log
     log_start = router_log.stat().st_size
@@ -93,20 +116,9 @@ def test_failing_cache_opens_the_breaker_and_recovers(chaos_stack: ChaosStack) -
         restart_at = time.monotonic()
         chaos_stack.restart("cache", {"LLM_FAULTS": None})
     lifted = time.monotonic()
-    with grpc.insecure_channel(chaos_stack.edge) as channel:
-        recovered = _served_until(
-            chaos_stack,
-            channel,
-            "breaker closed",
-            lambda: _breaker_state(chaos_stack) == CLOSED,
-            CLOSE_TIMEOUT_S,
-        )
-    closed_s = time.monotonic() - lifted
-    assert set(recovered) == {"OK"}, dict(recovered)
-    transitions = _transitions(router_log.read_text(errors="replace"), log_start)
-    # Closed again only through a successful half-open trial.
-    assert "half_open" in transitions, transitions
-    assert transitions[-1] == "closed", transitions
+    recovered, closed_s, transitions = _recovers_through_half_open(
+        chaos_stack, router_log, log_start
+    )
     record(
         "cache_faults",
         {
@@ -147,19 +159,8 @@ def test_frozen_cache_is_bypassed_and_recovers_when_thawed(chaos_stack: ChaosSta
         cache.thaw()
     thawed = time.monotonic()
     chaos_stack.wait_envoy_healthy("cache")
-    with grpc.insecure_channel(chaos_stack.edge) as channel:
-        recovered = _served_until(
-            chaos_stack,
-            channel,
-            "breaker closed",
-            lambda: _breaker_state(chaos_stack) == CLOSED,
-            CLOSE_TIMEOUT_S,
-        )
-    closed_s = time.monotonic() - thawed
-    assert set(recovered) == {"OK"}, dict(recovered)
-    transitions = _transitions(router_log.read_text(errors="replace"), log_start)
-    assert "half_open" in transitions, transitions
-    assert transitions[-1] == "closed", transitions
+    recovered, _, transitions = _recovers_through_half_open(chaos_stack, router_log, log_start)
+    closed_s = time.monotonic() - thawed  # from the thaw, Envoy's health check included
     assert cache.alive()
     record(
         "cache_frozen",
