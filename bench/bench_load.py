@@ -44,7 +44,7 @@ import grpc
 
 from llm_stack import catalogue
 from llm_stack.config import StackConfig, free_ports
-from llm_stack.demo import create_key
+from llm_stack.demo import start_with_key
 from llm_stack.stack import Stack
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
@@ -615,15 +615,7 @@ def main() -> None:
         replicas = len(catalogue.generation_ports(catalogue.local_replicas(config.models_config)))
         stack = Stack(config)
         try:
-            endpoints = stack.start()
-            assert stack.credentials is not None
-            key = create_key(
-                endpoints.edge_http,
-                stack.credentials.admin_key,
-                tenant=TENANT,
-                requests_per_minute=0,
-                name="bench-load",
-            )
+            _, key = start_with_key(stack, tenant=TENANT, name="bench-load")
             asyncio.run(measure(stack, key, opts, replicas))
         finally:
             stack.stop()

@@ -33,7 +33,7 @@ import grpc
 
 from llm_stack import catalogue
 from llm_stack.config import StackConfig, free_ports
-from llm_stack.demo import create_key
+from llm_stack.demo import start_with_key
 from llm_stack.stack import Endpoints, Stack
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
@@ -290,15 +290,7 @@ def stack_config(run_dir: Path) -> StackConfig:
 def run(config: StackConfig, args: argparse.Namespace) -> dict[str, Any]:
     stack = Stack(config)
     try:
-        endpoints = stack.start()
-        assert stack.credentials is not None
-        key = create_key(
-            endpoints.edge_http,
-            stack.credentials.admin_key,
-            tenant=TENANT,
-            requests_per_minute=0,
-            name="bench",
-        )
+        endpoints, key = start_with_key(stack, tenant=TENANT, name="bench")
         # Direct calls go to the replicas of the generation model only.
         ports = catalogue.generation_ports(catalogue.local_replicas(config.models_config))
         replicas = [f"127.0.0.1:{config.ports.replica_port(p)}" for p in ports]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from llm_stack.stack import Endpoints
+from llm_stack.stack import Endpoints, Stack
 from llmapi.auth.v1 import auth_service_pb2 as auth_pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as auth_grpc
 
@@ -39,6 +39,20 @@ def create_key(
         reply = stub.CreateKey(request, metadata=(("x-api-key", admin_key),), timeout=timeout_s)
     secret: str = reply.secret
     return secret
+
+
+def start_with_key(stack: Stack, *, tenant: str, name: str) -> tuple[Endpoints, str]:
+    """Start `stack` and create a key for `tenant` without a request-rate limit (benchmarks)."""
+    endpoints = stack.start()
+    assert stack.credentials is not None  # set once the stack has started
+    key = create_key(
+        endpoints.edge_http,
+        stack.credentials.admin_key,
+        tenant=tenant,
+        requests_per_minute=0,
+        name=name,
+    )
+    return endpoints, key
 
 
 def banner(endpoints: Endpoints, demo_key: str, admin_key_file: str, run_dir: str) -> str:
