@@ -8,9 +8,15 @@ from prometheus_client import CollectorRegistry
 # The monorepo's root conftest registers this plugin; importing its fixtures here lets the
 # package's tests also run on their own (only the root conftest may set pytest_plugins).
 from llm_common.metrics import RpcMetrics
-from llm_common.pytest_plugin import json_logs, redis_client, redis_prefix, redis_url
+from llm_common.pytest_plugin import (
+    json_logs,
+    private_redis,
+    redis_client,
+    redis_prefix,
+    redis_url,
+)
 
-__all__ = ["json_logs", "redis_client", "redis_prefix", "redis_url"]
+__all__ = ["json_logs", "private_redis", "redis_client", "redis_prefix", "redis_url"]
 
 
 @pytest.fixture

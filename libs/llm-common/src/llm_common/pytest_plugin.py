@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 import redis.asyncio
 
-from llm_common.testing import LogCapture, captured_logs, delete_prefixed, redis_url_for_tests
+from llm_common.testing import (
+    LogCapture,
+    PrivateRedis,
+    captured_logs,
+    delete_prefixed,
+    redis_url_for_tests,
+)
 
 
 @pytest.fixture
@@ -41,3 +48,21 @@ async def redis_client(redis_url: str, redis_prefix: str) -> AsyncIterator[redis
     finally:
         await delete_prefixed(client, redis_prefix)
         await client.aclose()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Callable[..., PrivateRedis]]:
+    """Factory: private_redis(aof=False) -> a started PrivateRedis, killed after the test."""
+    started: list[PrivateRedis] = []
+
+    def start(*, aof: bool = False) -> PrivateRedis:
+        workdir = tmp_path / f"redis-{len(started)}"
+        workdir.mkdir()
+        server = PrivateRedis(workdir, aof=aof)
+        server.start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.kill()

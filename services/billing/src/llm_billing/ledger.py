@@ -18,7 +18,6 @@ from redis.exceptions import NoScriptError
 
 from llm_billing.config import LedgerSettings
 from llm_billing.keys import KeySpace
-from llm_billing.mux import Command, Pipelined, pipelined
 from llm_billing.prices import Price, PriceBook
 from llm_billing.scripts import Scripts
 from llm_billing.store import now_ms
@@ -32,6 +31,7 @@ from llm_common.errors import (
     QuotaExceeded,
     QuotaViolation,
 )
+from llm_common.redis_mux import Command, Pipelined, pipelined
 
 SWEEP_BATCH = 500
 # A tenant is re-added to the tenants set at most this often by one process (the SADD is

@@ -21,7 +21,6 @@ from llm_billing.budgets import BudgetLimits
 from llm_billing.config import RedisSettings, Settings
 from llm_billing.keys import KeySpace
 from llm_billing.ledger import Admission, Ledger, ReserveInput, SettleInput, Usage
-from llm_billing.mux import PoolPipeline
 from llm_billing.prices import MAX_PRICE_MICROS_PER_MTOK, PriceBook, load_prices
 from llm_billing.scripts import script_source
 from llm_billing.server import Billing, build_billing
@@ -34,6 +33,7 @@ from llm_common.errors import (
     NotFound,
     QuotaExceeded,
 )
+from llm_common.redis_mux import PoolPipeline
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""One auto-pipelined Redis connection for the Reserve/Settle hot path.
+"""One auto-pipelined Redis connection for a service's hot path (billing's Reserve/Settle).
 
 redis-py spends more CPU per call than Redis spends running the ledger scripts (a pooled
 connection taken and given back under a timeout, a retry wrapper, command objects). Here
@@ -89,7 +89,7 @@ class _Link:
         self._out: list[bytes] = []
         self._flush_soon = False
         self._parser = hiredis.Reader(encoding="utf-8", replyError=ResponseError)
-        self.task = asyncio.create_task(self._read(reader), name="billing-redis-reader")
+        self.task = asyncio.create_task(self._read(reader), name="redis-mux-reader")
 
     def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
         """Queue the commands; they are written with everything else queued in this turn of
@@ -221,7 +221,7 @@ class RedisMux:
                 ) from exc
             self._link = link
             if self._watchdog is None:
-                self._watchdog = asyncio.create_task(self._watch(), name="billing-redis-watchdog")
+                self._watchdog = asyncio.create_task(self._watch(), name="redis-mux-watchdog")
             return link
 
     @staticmethod

@@ -15,11 +15,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llm_billing.config import RedisSettings
-from llm_billing.mux import Endpoint, PoolPipeline, RedisMux, pipelined
-from llm_billing.store import make_client
+from llm_common.redis_mux import Endpoint, PoolPipeline, RedisMux, pipelined
 
 pytestmark = pytest.mark.integration
+
+
+def _client(url: str, timeout_s: float = 1.0) -> redis.asyncio.Redis:
+    """A pooled client as services build them (the mux takes its endpoint from it)."""
+    return redis.asyncio.Redis.from_url(
+        url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
+    )
 
 
 @pytest.fixture
@@ -82,7 +87,7 @@ async def test_auth_and_select_are_applied(private_redis: Callable[..., Any]) ->
     try:
         await admin.config_set("requirepass", "s3cret")
         url = f"redis://:s3cret@127.0.0.1:{store.port}/3"
-        client = make_client(RedisSettings(url))
+        client = _client(url)
         hot = pipelined(client)
         assert isinstance(hot, RedisMux)
         try:
@@ -97,7 +102,7 @@ async def test_auth_and_select_are_applied(private_redis: Callable[..., Any]) ->
 
 async def test_a_hung_redis_times_out_then_recovers(private_redis: Callable[..., Any]) -> None:
     store = private_redis()
-    client = make_client(RedisSettings(store.url, timeout_s=0.3))
+    client = _client(store.url, timeout_s=0.3)
     hot = pipelined(client)
     try:
         assert await hot.execute([["PING"]]) == ["PONG"]
@@ -115,7 +120,7 @@ async def test_a_hung_redis_times_out_then_recovers(private_redis: Callable[...,
 
 
 async def test_unreachable_redis_is_a_connection_error() -> None:
-    client = make_client(RedisSettings("redis://127.0.0.1:1/0", timeout_s=0.3))
+    client = _client("redis://127.0.0.1:1/0", timeout_s=0.3)
     hot = pipelined(client)
     try:
         with pytest.raises(RedisConnectionError):
@@ -126,7 +131,7 @@ async def test_unreachable_redis_is_a_connection_error() -> None:
 
 
 async def test_tls_urls_use_the_pool(redis_client: redis.asyncio.Redis) -> None:
-    client = make_client(RedisSettings("rediss://127.0.0.1:6380/0"))
+    client = _client("rediss://127.0.0.1:6380/0")
     try:
         assert Endpoint.of(client) is None
         assert isinstance(pipelined(client), PoolPipeline)
