@@ -208,6 +208,8 @@ class Settings:
     # A second listener with only ext_authz Check and ShouldRateLimit, without interceptors
     # (see llm_auth.edge); None = off, 0 = a free port.
     edge_port: int | None = None
+    # Envoy's ext_authz over HTTP/1.1 (see llm_auth.http_authz); None = off, 0 = a free port.
+    http_authz_port: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.pepper) < MIN_PEPPER_BYTES:
@@ -225,6 +227,13 @@ class Settings:
                 ) from None
         if self.edge_port and self.edge_port == self.server.grpc_port:
             raise ConfigError.for_variable("AUTH_EDGE_PORT", "must differ from GRPC_PORT")
+        if self.http_authz_port and self.http_authz_port in (
+            self.server.grpc_port,
+            self.edge_port,
+        ):
+            raise ConfigError.for_variable(
+                "AUTH_HTTP_AUTHZ_PORT", "must differ from GRPC_PORT and AUTH_EDGE_PORT"
+            )
         if self.default_lease_ttl_s > self.max_lease_ttl_s:
             raise ConfigError.for_variable(
                 "AUTH_DEFAULT_LEASE_TTL_S", "must not exceed AUTH_MAX_LEASE_TTL_S"
@@ -259,6 +268,7 @@ class Settings:
             default_lease_ttl_s=env_float(environ, "AUTH_DEFAULT_LEASE_TTL_S", 600.0, min_value=1),
             max_lease_ttl_s=env_float(environ, "AUTH_MAX_LEASE_TTL_S", 3600.0, min_value=1),
             edge_port=env_optional_port(environ, "AUTH_EDGE_PORT", None),
+            http_authz_port=env_optional_port(environ, "AUTH_HTTP_AUTHZ_PORT", None),
         )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -153,9 +154,19 @@ class AllowedReplies:
         return reply
 
 
-def denied(err: ServiceError, *, grpc_request: bool) -> tuple[int, Any]:
-    """The HTTP status and CheckResponse for a failed check, with a body clients can read:
-    JSON for HTTP clients, the plain message for gRPC ones (it becomes grpc-message)."""
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """A failed check as both transports answer it."""
+
+    error: ServiceError
+    http_status: int
+    headers: list[tuple[str, str]]
+    body: str
+
+
+def denial(err: ServiceError, *, grpc_request: bool) -> Denial:
+    """The HTTP answer to a failed check, with a body clients can read: JSON for HTTP
+    clients, the plain message for gRPC ones (it becomes grpc-message)."""
     http_status = _HTTP_STATUS.get(err.code, 403)
     reason = str(getattr(err, "reason", err.code.name))
     headers = [("content-type", "text/plain" if grpc_request else "application/json")]
@@ -165,15 +176,19 @@ def denied(err: ServiceError, *, grpc_request: bool) -> tuple[int, Any]:
     if retry_after is not None:
         headers.append(("retry-after", str(max(1, math.ceil(retry_after)))))
     body = f"{err.message} ({reason})" if grpc_request else _json_body(http_status, err, reason)
-    response = authz_pb.CheckResponse(
-        status=status_pb2.Status(code=err.code.value[0], message=err.message),
+    return Denial(err, http_status, headers, body)
+
+
+def denied(d: Denial) -> Any:
+    """The CheckResponse for a failed check."""
+    return authz_pb.CheckResponse(
+        status=status_pb2.Status(code=d.error.code.value[0], message=d.error.message),
         denied_response=authz_pb.DeniedHttpResponse(
-            status=http_status_pb2.HttpStatus(code=http_status),
-            headers=[_header(name, value) for name, value in headers],
-            body=body,
+            status=http_status_pb2.HttpStatus(code=d.http_status),
+            headers=[_header(name, value) for name, value in d.headers],
+            body=d.body,
         ),
     )
-    return http_status, response
 
 
 def _json_body(http_status: int, err: ServiceError, reason: str) -> str:
@@ -204,25 +219,37 @@ class AuthorizationServicer:
 
     async def Check(self, request: Any, context: Context) -> bytes:  # noqa: N802
         http = request.attributes.request.http
-        if http.path.partition("?")[0] in self._public:
-            self._metrics.ext_authz_answer(200)
+        extensions = request.attributes.context_extensions
+        decision = await self.decide(
+            http.path,
+            request_headers(http),
+            required_scopes(extensions),
+            extensions.get("model", ""),
+        )
+        if decision is None:
             return self._public_reply
-        headers = request_headers(http)
+        if isinstance(decision, Denial):
+            reply: bytes = denied(decision).SerializeToString()
+            return reply
+        return self._allowed.get(decision)
+
+    async def decide(
+        self, path: str, headers: Mapping[str, str], scopes: Sequence[str], route_model: str
+    ) -> Principal | Denial | None:
+        """The caller's principal; a Denial; or None for a public path (no credential needed).
+        The model is the route's (`route_model`) or the `x-model` header's."""
+        if path.partition("?")[0] in self._public:
+            self._metrics.ext_authz_answer(200)
+            return None
         try:
-            principal = await self._principal(request, headers)
+            principal = await self._auth.authenticate(credential_from(headers))
+            model = route_model or headers.get(MODEL_HEADER, "")
+            # A model name longer than any real one cannot be allowed; cut it to bound work.
+            authorize(principal, scopes, model[:MAX_MODEL_CHARS])
         except ServiceError as err:
             grpc_request = headers.get("content-type", "").startswith("application/grpc")
-            http_status, response = denied(err, grpc_request=grpc_request)
-            self._metrics.ext_authz_answer(http_status)
-            reply: bytes = response.SerializeToString()
-            return reply
+            d = denial(err, grpc_request=grpc_request)
+            self._metrics.ext_authz_answer(d.http_status)
+            return d
         self._metrics.ext_authz_answer(200)
-        return self._allowed.get(principal)
-
-    async def _principal(self, request: Any, headers: Mapping[str, str]) -> Principal:
-        extensions = request.attributes.context_extensions
-        principal = await self._auth.authenticate(credential_from(headers))
-        model = extensions.get("model") or headers.get(MODEL_HEADER, "")
-        # A model name longer than any real one cannot be allowed; cut it to bound the reply.
-        authorize(principal, required_scopes(extensions), model[:MAX_MODEL_CHARS])
         return principal

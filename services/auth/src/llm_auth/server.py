@@ -17,6 +17,7 @@ from llm_auth.bootstrap import ensure_admin_key, ensure_admin_key_with_retry
 from llm_auth.config import Settings
 from llm_auth.edge import EdgeServer, add_envoy_services, start_edge_server
 from llm_auth.extauthz import AuthorizationServicer
+from llm_auth.http_authz import HttpAuthzServer, start_http_authz
 from llm_auth.jwt_verify import JwtVerifier
 from llm_auth.key_admin import KeyAdmin
 from llm_auth.key_events import KeyEventSubscriber
@@ -84,6 +85,7 @@ class AuthApp:
         self.authz = AuthorizationServicer(self.authenticator, settings.public_paths, self.metrics)
         self.rls = RateLimitServicer(RateLimitPolicy(self.quotas))
         self.edge: EdgeServer | None = None
+        self.http_authz: HttpAuthzServer | None = None
         self._bootstrap: asyncio.Task[None] | None = None
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -109,6 +111,8 @@ class AuthApp:
                 self.settings.server,
                 metrics=self._rpc_metrics,
             )
+        if self.settings.http_authz_port is not None:
+            self.http_authz = await start_http_authz(self.settings.http_authz_port, self.authz)
 
     async def _store_bootstrap_key(self) -> None:
         key = self.settings.bootstrap_admin_key
@@ -133,6 +137,8 @@ class AuthApp:
             self._bootstrap.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._bootstrap
+        if self.http_authz is not None:
+            await self.http_authz.stop(self.settings.server.shutdown_grace_s)
         if self.edge is not None:
             await self.edge.stop(self.settings.server.shutdown_grace_s)
         await self.key_events.stop()

@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 import redis.asyncio
+import yaml
 from prometheus_client import CollectorRegistry
 
 from llm_auth.apikeys import ParsedKey
@@ -51,6 +52,61 @@ def envoy_binary() -> Path:
 def render(template: Path, **ports: int) -> str:
     """The template with its `$name` placeholders replaced (KeyError if one is missing)."""
     return string.Template(template.read_text(encoding="utf-8")).substitute(ports)
+
+
+EXT_AUTHZ_FILTER = "envoy.filters.http.ext_authz"
+HTTP_AUTHZ_CLUSTER = "auth_http"
+
+
+def with_http_authz(config_text: str, http_port: int) -> str:
+    """A rendered template with ext_authz asking auth's HTTP listener (llm_auth.http_authz)
+    instead of Check over gRPC: the same routes, scopes and rate limits."""
+    config = yaml.safe_load(config_text)
+    hcm = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    typed = hcm["typed_config"]
+    for http_filter in typed["http_filters"]:
+        if http_filter["name"] == EXT_AUTHZ_FILTER:
+            http_filter["typed_config"].pop("grpc_service")
+            http_filter["typed_config"]["http_service"] = http_authz_service(())
+    for vhost in typed["route_config"]["virtual_hosts"]:
+        for route in vhost["routes"]:
+            check = route.get("typed_per_filter_config", {}).get(EXT_AUTHZ_FILTER, {})
+            extensions = check.get("check_settings", {}).pop("context_extensions", None)
+            if extensions:
+                scopes = tuple(extensions["required_scopes"].split())
+                check["check_settings"]["http_service"] = http_authz_service(scopes)
+    endpoint = {"address": {"socket_address": {"address": "127.0.0.1", "port_value": http_port}}}
+    config["static_resources"]["clusters"].append(
+        {
+            "name": HTTP_AUTHZ_CLUSTER,
+            "type": "STATIC",
+            "connect_timeout": "0.5s",
+            "load_assignment": {
+                "cluster_name": HTTP_AUTHZ_CLUSTER,
+                "endpoints": [{"lb_endpoints": [{"endpoint": endpoint}]}],
+            },
+        }
+    )
+    return str(yaml.safe_dump(config, sort_keys=False))
+
+
+def http_authz_service(scopes: tuple[str, ...]) -> dict[str, Any]:
+    """ext_authz's `http_service` for auth's HTTP listener; a route's scopes ride in the
+    path prefix (see llm_auth.http_authz)."""
+    prefix = f"/authz;scopes={','.join(scopes)}" if scopes else "/authz"
+    identity = ("x-tenant-id", "x-key-id", "x-scopes", "x-credential-type", "x-allowed-models")
+    return {
+        "server_uri": {"uri": "http://auth", "cluster": HTTP_AUTHZ_CLUSTER, "timeout": "0.5s"},
+        "path_prefix": prefix,
+        "authorization_response": {
+            "allowed_upstream_headers": {"patterns": [{"exact": h} for h in identity]},
+            "allowed_client_headers": {
+                "patterns": [
+                    {"exact": h} for h in ("content-type", "www-authenticate", "retry-after")
+                ]
+            },
+        },
+    }
 
 
 def validate(config: Path) -> subprocess.CompletedProcess[str]:

@@ -30,6 +30,7 @@ from llm_auth.testing import (
     serving,
     standard_claims,
     unique_prefix,
+    with_http_authz,
 )
 from llm_common.testing import free_port
 
@@ -60,8 +61,12 @@ class Stack:
         return caught.value
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["grpc", "http"])
+async def stack(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> AsyncIterator[Stack]:
+    """Every test runs against both ext_authz transports: Check over gRPC and auth's HTTP
+    listener (llm_auth.http_authz); they must accept and deny alike."""
     signer = JwtSigner.generate()
     workdir = tmp_path_factory.mktemp("envoy")
     jwks_file = workdir / "jwks.json"
@@ -74,13 +79,16 @@ async def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Asy
         audience=AUDIENCE,
     )
     prefix = unique_prefix()
-    settings = make_settings(redis_url, prefix, jwt=jwt)
+    settings = make_settings(redis_url, prefix, jwt=jwt, http_authz_port=0)
     try:
         async with serving(settings) as auth, echo_upstream() as upstream_port:
             port = free_port()
             config = render(
                 TEMPLATE, listener_port=port, upstream_port=upstream_port, auth_port=auth.port
             )
+            if request.param == "http":
+                assert auth.app.http_authz is not None
+                config = with_http_authz(config, auth.app.http_authz.port)
             async with running_envoy(config, workdir) as envoy:
                 channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
                 yield Stack(auth, envoy, port, channel, signer)

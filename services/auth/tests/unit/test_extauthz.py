@@ -12,6 +12,7 @@ from llm_auth.extauthz import (
     AllowedReplies,
     allowed,
     credential_from,
+    denial,
     denied,
     public,
     request_headers,
@@ -80,23 +81,24 @@ def test_public_removes_identity_headers() -> None:
 
 
 def test_denials_map_to_http_statuses_with_readable_bodies() -> None:
-    status, response = denied(
-        Unauthenticated("bad key", reason="API_KEY_INVALID"), grpc_request=False
-    )
-    assert status == 401
+    d = denial(Unauthenticated("bad key", reason="API_KEY_INVALID"), grpc_request=False)
+    response = denied(d)
+    assert d.http_status == 401
+    assert response.denied_response.status.code == 401
     assert response.status.code == grpc.StatusCode.UNAUTHENTICATED.value[0]
     body = json.loads(response.denied_response.body)
     assert body["error"]["reason"] == "API_KEY_INVALID"
     headers = {h.header.key: h.header.value for h in response.denied_response.headers}
     assert headers["www-authenticate"].startswith("Bearer")
 
-    status, response = denied(PermissionDenied("no", reason="SCOPE_MISSING"), grpc_request=True)
-    assert status == 403
+    d = denial(PermissionDenied("no", reason="SCOPE_MISSING"), grpc_request=True)
+    response = denied(d)
+    assert d.http_status == 403
     assert response.denied_response.body == "no (SCOPE_MISSING)"
 
-    status, response = denied(Unavailable("down", retry_after_s=1.2), grpc_request=False)
-    headers = {h.header.key: h.header.value for h in response.denied_response.headers}
-    assert (status, headers["retry-after"]) == (503, "2")
+    d = denial(Unavailable("down", retry_after_s=1.2), grpc_request=False)
+    headers = {h.header.key: h.header.value for h in denied(d).denied_response.headers}
+    assert (d.http_status, headers["retry-after"]) == (503, "2")
 
 
 def test_allowed_replies_are_the_serialized_allowed_response_built_once() -> None:
