@@ -13,7 +13,13 @@ from llm_envoy import bootstrap, layouts
 from llm_envoy.clusters import REPLICA_CLUSTER
 from llm_envoy.filters import IDENTITY_HEADERS
 from llm_envoy.routes import LLM_METHODS, Kind
-from llm_envoy.topology import AUTH_EDGE_HEALTH, AUTH_EDGE_PORT, REPLICA_HEADER, Endpoint
+from llm_envoy.topology import (
+    AUTH_EDGE_HEALTH,
+    AUTH_EDGE_PORT,
+    AUTH_HTTP_PORT,
+    REPLICA_HEADER,
+    Endpoint,
+)
 
 Config = dict[str, Any]
 
@@ -22,6 +28,9 @@ def configs() -> dict[str, Config]:
     ports = layouts.LocalPorts(auth_edge=AUTH_EDGE_PORT)
     local = layouts.local_layout(ports, otlp=Endpoint("127.0.0.1", 4317))
     found = {"local": bootstrap.local_config(local)}
+    # As `make up` runs it: ext_authz on auth's HTTP listener, rate limits on its edge one.
+    ports = layouts.LocalPorts(auth_edge=AUTH_EDGE_PORT, auth_http=AUTH_HTTP_PORT)
+    found["local-http-authz"] = bootstrap.local_config(layouts.local_layout(ports))
     found["k8s-edge"] = bootstrap.k8s_edge_config(layouts.k8s_edge_layout())
     found["k8s-router"] = bootstrap.k8s_sidecar_config("router")
     found["k8s-billing"] = bootstrap.k8s_sidecar_config("billing")
@@ -74,8 +83,8 @@ def test_edge_filter_order(flavour: str) -> None:
         assert {*IDENTITY_HEADERS, REPLICA_HEADER} <= removed
 
 
-def edge_filter(name: str) -> Config:
-    _, hcm = next(hcms(CONFIGS["local"]))
+def edge_filter(name: str, flavour: str = "local") -> Config:
+    _, hcm = next(hcms(CONFIGS[flavour]))
     return next(f["typed_config"] for f in hcm["http_filters"] if f["name"] == name)
 
 
@@ -158,6 +167,9 @@ def test_health_checked_clusters_eject_and_never_panic(flavour: str) -> None:
         thresholds = cluster["circuit_breakers"]["thresholds"][0]
         assert thresholds["retry_budget"]["budget_percent"]["value"] == 20.0
         (check,) = cluster["health_checks"]
+        if name == "auth_http":  # auth's HTTP ext_authz listener answers its own probe
+            assert check["http_health_check"] == {"path": "/healthz"}
+            continue
         service = check["grpc_health_check"]["service_name"]
         assert service.startswith("llmapi.") or service == AUTH_EDGE_HEALTH, name
 
@@ -234,3 +246,26 @@ def test_local_edge_sends_ext_authz_and_rate_limits_to_the_lean_listener() -> No
     # Without the listener (the default) both filters use auth's main port.
     plain = bootstrap.local_config(layouts.local_layout(layouts.LocalPorts()))
     assert "auth_edge" not in json.dumps(plain)
+
+
+def test_http_ext_authz_where_auth_has_the_http_listener() -> None:
+    config = CONFIGS["local-http-authz"]
+    authz = edge_filter("envoy.filters.http.ext_authz", "local-http-authz")
+    assert "grpc_service" not in authz
+    assert authz["failure_mode_allow"] is False
+    service = authz["http_service"]
+    assert service["server_uri"]["cluster"] == "auth_http"
+    assert service["path_prefix"] == "/authz"
+    upstream = service["authorization_response"]["allowed_upstream_headers"]["patterns"]
+    assert {p["exact"] for p in upstream} == set(IDENTITY_HEADERS)
+    # Rate limits stay on gRPC, on the edge listener.
+    limits = edge_filter("envoy.filters.http.ratelimit", "local-http-authz")
+    assert limits["rate_limit_service"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "auth_edge"
+    # Scopes ride in the per-route path prefix.
+    edge = by_name(config, "edge_http")
+    chat = edge["/v1/chat/completions"]["typed_per_filter_config"]["envoy.filters.http.ext_authz"]
+    assert chat["check_settings"]["http_service"]["path_prefix"] == "/authz;scopes=completion:write"
+    usage = edge["GetUsage"]["typed_per_filter_config"]["envoy.filters.http.ext_authz"]
+    assert usage["check_settings"]["http_service"]["path_prefix"] == "/authz;scopes=admin"
+    cluster = clusters(config)["auth_http"]
+    assert cluster["health_checks"][0]["http_health_check"] == {"path": "/healthz"}

@@ -9,7 +9,7 @@ import pytest
 
 from llm_envoy import bootstrap, layouts, render
 from llm_envoy.descriptor import build_descriptor
-from llm_envoy.topology import SERVICES, Endpoint
+from llm_envoy.topology import AUTH_EDGE_PORT, AUTH_HTTP_PORT, SERVICES, Endpoint
 from llm_envoy.validate import validate
 
 from .conftest import K8S_ENVOY, PROTOS
@@ -23,9 +23,16 @@ def check(config_text: str, workdir: Path, name: str) -> None:
     assert "Deprecated field" not in verdict.output, verdict.output[-3000:]
 
 
+LOCAL_PORTS = {
+    "main-port": layouts.LocalPorts(),
+    "auth-listeners": layouts.LocalPorts(auth_edge=AUTH_EDGE_PORT, auth_http=AUTH_HTTP_PORT),
+}
+
+
+@pytest.mark.parametrize("ports", list(LOCAL_PORTS))
 @pytest.mark.parametrize("otlp", [None, Endpoint("127.0.0.1", 4317)], ids=["plain", "traced"])
-def test_local_flavour_validates(envoy_workdir: Path, otlp: Endpoint | None) -> None:
-    layout = layouts.local_layout(layouts.LocalPorts(), otlp=otlp)
+def test_local_flavour_validates(envoy_workdir: Path, otlp: Endpoint | None, ports: str) -> None:
+    layout = layouts.local_layout(LOCAL_PORTS[ports], otlp=otlp)
     config = render.render_local(layout, envoy_workdir, PROTOS)
     verdict = validate(config, envoy_workdir)
     assert verdict.ok, verdict.output[-3000:]

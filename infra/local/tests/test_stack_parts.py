@@ -86,8 +86,10 @@ def test_free_ports_are_distinct_and_cover_every_process() -> None:
         envoy.router_http,
         ports.redis,
     ]
-    assert envoy.auth_edge is not None  # auth's lean listener for Envoy's per-request calls
-    bound.append(envoy.auth_edge)
+    # auth's listeners for Envoy's per-request calls
+    assert envoy.auth_edge is not None
+    assert envoy.auth_http is not None
+    bound += [envoy.auth_edge, envoy.auth_http]
     bound += (
         list(envoy.grpc.values()) + list(ports.metrics.values()) + list(ports.replicas.values())
     )

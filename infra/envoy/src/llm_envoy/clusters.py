@@ -79,9 +79,17 @@ def outlier_detection() -> Config:
     }
 
 
-def health_check(service: str, event_log: str, idle_interval: str = "5s") -> Config:
-    """Active grpc.health.v1 check every second; clusters that never had traffic every
-    `idle_interval` (Envoy's default of 60 s would leave a late starter unhealthy for a minute)."""
+def health_check(
+    service: str | None, event_log: str, idle_interval: str = "5s", *, path: str | None = None
+) -> Config:
+    """Active check every second, grpc.health.v1 of `service` or HTTP GET of `path`; clusters
+    that never had traffic every `idle_interval` (Envoy's default of 60 s would leave a late
+    starter unhealthy for a minute)."""
+    check: Config = (
+        {"http_health_check": {"path": path}}
+        if path is not None
+        else {"grpc_health_check": {"service_name": service}}
+    )
     return {
         "timeout": "1s",
         "interval": "1s",
@@ -100,7 +108,7 @@ def health_check(service: str, event_log: str, idle_interval: str = "5s") -> Con
                 },
             }
         ],
-        "grpc_health_check": {"service_name": service},
+        **check,
     }
 
 
@@ -158,9 +166,14 @@ def service_cluster(up: Upstream, layout: Layout) -> Config:
     }
     if up.dns:
         cluster["dns_lookup_family"] = "V4_ONLY"
-    if up.health_service is not None:
+    if up.health_service is not None or up.health_path is not None:
         cluster["health_checks"] = [
-            health_check(up.health_service, layout.health_event_log, layout.health_idle_interval)
+            health_check(
+                up.health_service,
+                layout.health_event_log,
+                layout.health_idle_interval,
+                path=up.health_path,
+            )
         ]
     if layout.mesh_tls and up.peer_identity is not None:
         cluster["transport_socket"] = upstream_tls(up.peer_identity, http1=up.http1)

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from llm_envoy.clusters import dns_cache_config
-from llm_envoy.topology import DESCRIPTOR, LLM_SERVICE, REPLICA_HEADER
+from llm_envoy.topology import (
+    AUTH_EDGE,
+    AUTH_HTTP,
+    AUTH_HTTP_PREFIX,
+    DESCRIPTOR,
+    LLM_SERVICE,
+    REPLICA_HEADER,
+)
 
 Config = dict[str, Any]
 EXT_AUTHZ = "envoy.filters.http.ext_authz"
@@ -20,6 +29,29 @@ IDENTITY_HEADERS = ("x-tenant-id", "x-key-id", "x-scopes", "x-credential-type", 
 # Headers ext_authz needs: the credential, the requested model, and the content type (its
 # denial body is JSON for HTTP clients and plain text, i.e. grpc-message, for gRPC ones).
 AUTHZ_HEADERS = ("authorization", "x-api-key", "x-model", "content-type")
+# What auth's HTTP ext_authz may tell a denied client (the rest of its reply stays inside).
+AUTHZ_CLIENT_HEADERS = ("content-type", "www-authenticate", "retry-after")
+AUTHZ_TIMEOUT = "0.5s"
+
+
+@dataclass(frozen=True, slots=True)
+class AuthTargets:
+    """Where the edge asks auth: ext_authz (Check over gRPC, or auth's HTTP listener) and the
+    rate-limit service (always gRPC)."""
+
+    authz_cluster: str
+    authz_http: bool
+    ratelimit_cluster: str
+
+    @classmethod
+    def of(cls, upstreams: Mapping[str, object]) -> AuthTargets:
+        """The leanest listeners the layout has: HTTP ext_authz, the gRPC edge listener, or
+        auth's main port."""
+        grpc_cluster = AUTH_EDGE if AUTH_EDGE in upstreams else "auth"
+        if AUTH_HTTP in upstreams:
+            return cls(AUTH_HTTP, True, grpc_cluster)
+        return cls(grpc_cluster, False, grpc_cluster)
+
 
 _TYPES = {
     "health_check": "envoy.extensions.filters.http.health_check.v3.HealthCheck",
@@ -63,13 +95,39 @@ def strip_identity_filter() -> Config:
     )
 
 
-def ext_authz_filter(cluster: str = "auth") -> Config:
+def http_authz_service(cluster: str, scopes: tuple[str, ...] = ()) -> Config:
+    """ext_authz's `http_service` for auth's HTTP listener (llm_auth.http_authz). A route's
+    required scopes ride in the path prefix: clients cannot change it, only follow it."""
+    prefix = f"{AUTH_HTTP_PREFIX};scopes={','.join(scopes)}" if scopes else AUTH_HTTP_PREFIX
+    return {
+        "server_uri": {"uri": f"http://{cluster}", "cluster": cluster, "timeout": AUTHZ_TIMEOUT},
+        "path_prefix": prefix,
+        "authorization_response": {
+            # Identity headers overwrite any a client sent; the credential is removed by
+            # auth's x-envoy-auth-headers-to-remove.
+            "allowed_upstream_headers": {"patterns": [{"exact": h} for h in IDENTITY_HEADERS]},
+            "allowed_client_headers": {"patterns": [{"exact": h} for h in AUTHZ_CLIENT_HEADERS]},
+        },
+    }
+
+
+def ext_authz_filter(targets: AuthTargets) -> Config:
     """Fail closed: with auth down a request must not pass unauthenticated."""
+    service: Config = (
+        {"http_service": http_authz_service(targets.authz_cluster)}
+        if targets.authz_http
+        else {
+            "grpc_service": {
+                "envoy_grpc": {"cluster_name": targets.authz_cluster},
+                "timeout": AUTHZ_TIMEOUT,
+            }
+        }
+    )
     return _filter(
         EXT_AUTHZ,
         EXT_AUTHZ,
         transport_api_version="V3",
-        grpc_service={"envoy_grpc": {"cluster_name": cluster}, "timeout": "0.5s"},
+        **service,
         failure_mode_allow=False,
         status_on_error={"code": "ServiceUnavailable"},
         allowed_headers={"patterns": [{"exact": h} for h in AUTHZ_HEADERS]},
@@ -132,19 +190,15 @@ def router_filter() -> Config:
     return _filter("envoy.filters.http.router", "router")
 
 
-def edge_filters(auth_cluster: str = "auth") -> list[Config]:
-    """Order matters: strip spoofed identity, authenticate, transcode, rate limit, route.
-
-    `auth_cluster` answers ext_authz and rate-limit calls: auth's main port, or its lean
-    edge listener where the layout has one (`auth_edge`).
-    """
+def edge_filters(targets: AuthTargets) -> list[Config]:
+    """Order matters: strip spoofed identity, authenticate, transcode, rate limit, route."""
     return [
         health_check_filter(),
         strip_identity_filter(),
-        ext_authz_filter(auth_cluster),
+        ext_authz_filter(targets),
         rbac_filter(),
         transcoder_filter(),
-        ratelimit_filter(auth_cluster),
+        ratelimit_filter(targets.ratelimit_cluster),
         router_filter(),
     ]
 

@@ -15,6 +15,7 @@ from llm_envoy.topology import (
     ADMIN_PORT,
     AUTH_EDGE,
     AUTH_EDGE_HEALTH,
+    AUTH_HTTP,
     EDGE_HTTP_PORT,
     EDGE_TLS_PORT,
     MESH_INBOUND_PORT,
@@ -57,6 +58,9 @@ class LocalPorts:
     # auth's lean listener for ext_authz and rate limits (AUTH_EDGE_PORT, default 50061 where
     # the stack starts auth with it); None: Envoy calls auth's main port for them.
     auth_edge: int | None = None
+    # auth's HTTP ext_authz listener (AUTH_HTTP_AUTHZ_PORT, default 50071 where the stack
+    # starts auth with it); None: ext_authz is Check over gRPC.
+    auth_http: int | None = None
 
 
 def local_layout(
@@ -84,6 +88,13 @@ def local_layout(
     if ports.auth_edge is not None:
         upstreams[AUTH_EDGE] = Upstream(
             AUTH_EDGE, (Endpoint(LOOPBACK, ports.auth_edge),), health_service=AUTH_EDGE_HEALTH
+        )
+    if ports.auth_http is not None:
+        upstreams[AUTH_HTTP] = Upstream(
+            AUTH_HTTP,
+            (Endpoint(LOOPBACK, ports.auth_http),),
+            http1=True,
+            health_path="/healthz",
         )
     return Layout(
         flavour=Flavour.LOCAL,

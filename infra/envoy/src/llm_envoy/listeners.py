@@ -9,7 +9,6 @@ from llm_envoy import filters
 from llm_envoy.clusters import ADMIN_CLUSTER, address
 from llm_envoy.routes import edge_routes, mesh_routes
 from llm_envoy.topology import (
-    AUTH_EDGE,
     EDGE_CERT,
     EDGE_KEY,
     MESH_CA,
@@ -154,7 +153,7 @@ def edge_listeners(layout: Layout) -> list[Config]:
         hcm = _hcm(
             name,
             edge_routes(layout),
-            filters.edge_filters(AUTH_EDGE if AUTH_EDGE in layout.upstreams else "auth"),
+            filters.edge_filters(filters.AuthTargets.of(layout.upstreams)),
             use_remote_address=True,
             generate_request_id=True,
             preserve_external_request_id=False,

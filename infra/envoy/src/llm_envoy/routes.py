@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_envoy.clusters import REPLICA_CLUSTER
-from llm_envoy.filters import DYNAMIC_FORWARD_PROXY, EXT_AUTHZ, RBAC, typed
+from llm_envoy.filters import (
+    DYNAMIC_FORWARD_PROXY,
+    EXT_AUTHZ,
+    RBAC,
+    AuthTargets,
+    http_authz_service,
+    typed,
+)
 from llm_envoy.topology import LLM_SERVICE, REPLICA_HEADER, SERVICES, Layout, ReplicaPath
 
 Config = dict[str, Any]
@@ -126,10 +133,13 @@ def route_action(cluster: str, kind: Kind, *, retry_on: str, unary_timeout_s: fl
     return action
 
 
-def authz_context(scopes: tuple[str, ...]) -> Config:
-    """ext_authz for a route: the scopes the credential must hold."""
+def authz_context(scopes: tuple[str, ...], targets: AuthTargets) -> Config:
+    """ext_authz for a route: the scopes the credential must hold (a context extension of
+    Check, or the path prefix of the HTTP check)."""
     check: Config = {}
-    if scopes:
+    if scopes and targets.authz_http:
+        check = {"http_service": http_authz_service(targets.authz_cluster, scopes)}
+    elif scopes:
         check = {"context_extensions": {"required_scopes": " ".join(scopes)}}
     settings = {"check_settings": check}  # the per-route override is a required oneof
     return {
@@ -188,12 +198,12 @@ def edge_routes(layout: Layout) -> list[Config]:
             "health",
         )
     ]
+    targets = AuthTargets.of(layout.upstreams)
     for method in LLM_METHODS:
-        routes.append(
-            _edge_method_route(LLM_SERVICE, "router", method, authz_context(method.scopes))
-        )
-    routes.extend(_openai_routes())
-    routes.extend(_admin_routes(layout))
+        per_filter = authz_context(method.scopes, targets)
+        routes.append(_edge_method_route(LLM_SERVICE, "router", method, per_filter))
+    routes.extend(_openai_routes(targets))
+    routes.extend(_admin_routes(layout, targets))
     routes.append(
         {
             "name": "unknown",
@@ -204,23 +214,25 @@ def edge_routes(layout: Layout) -> list[Config]:
     return routes
 
 
-def _openai_routes() -> list[Config]:
+def _openai_routes(targets: AuthTargets) -> list[Config]:
     routes = []
     for path, scopes in OPENAI_PATHS:
         action = route_action("router_http", Kind.LONG_UNARY, retry_on=RETRY_UNSTARTED)
         action["rate_limits"] = rate_limits()
-        routes.append(_route({"path": path}, action, authz_context(scopes), path))
+        routes.append(_route({"path": path}, action, authz_context(scopes, targets), path))
     models = route_action("router_http", Kind.UNARY, retry_on=RETRY_IDEMPOTENT)
     models.pop("max_stream_duration")
-    routes.append(_route({"prefix": "/v1/models"}, models, authz_context(()), "/v1/models"))
+    routes.append(
+        _route({"prefix": "/v1/models"}, models, authz_context((), targets), "/v1/models")
+    )
     # Anything else under /v1/ gets the listener's OpenAI-shaped 404.
     other = route_action("router_http", Kind.UNARY, retry_on=RETRY_UNSTARTED)
     other.pop("max_stream_duration")
-    routes.append(_route({"prefix": "/v1/"}, other, authz_context(()), "/v1/*"))
+    routes.append(_route({"prefix": "/v1/"}, other, authz_context((), targets), "/v1/*"))
     return routes
 
 
-def _admin_routes(layout: Layout) -> list[Config]:
+def _admin_routes(layout: Layout, targets: AuthTargets) -> list[Config]:
     routes = []
     auth = SERVICES["auth"].grpc_service
     for name in AUTH_ADMIN_METHODS:
@@ -230,12 +242,11 @@ def _admin_routes(layout: Layout) -> list[Config]:
     for service, methods in (("billing", BILLING_ADMIN_METHODS), ("cache", CACHE_ADMIN_METHODS)):
         full = SERVICES[service].grpc_service
         for method in methods:
-            per_filter = authz_context(method.scopes) | admin_only
+            per_filter = authz_context(method.scopes, targets) | admin_only
             routes.append(_edge_method_route(full, service, method, per_filter))
     prices = Method("ListPrices", Kind.UNARY, rate_limited=False)
-    routes.append(
-        _edge_method_route(SERVICES["billing"].grpc_service, "billing", prices, authz_context(()))
-    )
+    billing = SERVICES["billing"].grpc_service
+    routes.append(_edge_method_route(billing, "billing", prices, authz_context((), targets)))
     return routes
 
 

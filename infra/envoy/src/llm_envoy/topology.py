@@ -56,6 +56,11 @@ ROUTER_DEPENDENCIES = ("tokenizer", "cache", "billing", "auth")
 AUTH_EDGE = "auth_edge"
 AUTH_EDGE_PORT = 50061
 AUTH_EDGE_HEALTH = "envoy.service.auth.v3.Authorization"
+# auth's HTTP/1.1 ext_authz listener (AUTH_HTTP_AUTHZ_PORT, llm_auth.http_authz): the same
+# decision as Check at about half the added latency, so Envoy uses it where a layout has it.
+AUTH_HTTP = "auth_http"
+AUTH_HTTP_PORT = 50071
+AUTH_HTTP_PREFIX = "/authz"  # check path = prefix [+ ";scopes=a,b"] + the original path
 
 
 class Flavour(enum.Enum):
@@ -93,6 +98,7 @@ class Upstream:
     name: str
     endpoints: tuple[Endpoint, ...]
     health_service: str | None = None  # gRPC health-checked service; None: no active check
+    health_path: str | None = None  # HTTP/1.1 health-check path (http1 upstreams)
     http1: bool = False  # HTTP/1.1 upstream (the OpenAI listener); otherwise h2c gRPC
     dns: bool = False  # STRICT_DNS (Kubernetes) instead of STATIC addresses
     peer_identity: str | None = None  # SPIFFE id the peer's certificate must carry (mTLS)

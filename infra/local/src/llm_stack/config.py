@@ -9,7 +9,7 @@ from pathlib import Path
 
 from llm_common.config import ConfigError, env_str
 from llm_envoy.layouts import LocalPorts
-from llm_envoy.topology import AUTH_EDGE_PORT, SERVICES, Endpoint
+from llm_envoy.topology import AUTH_EDGE_PORT, AUTH_HTTP_PORT, SERVICES, Endpoint
 from llm_stack.catalogue import local_replicas
 
 DEFAULT_REDIS_PORT = 6380  # beside, not on, a developer's own Redis at 6379
@@ -28,8 +28,11 @@ class StackPorts:
     """Every port the stack binds. `envoy.grpc` holds the core services' gRPC ports;
     `replicas` maps each catalogue replica port to the port its process binds."""
 
-    # Envoy's ext_authz and rate-limit calls go to auth's lean listener on `auth_edge`.
-    envoy: LocalPorts = field(default_factory=lambda: LocalPorts(auth_edge=AUTH_EDGE_PORT))
+    # Envoy's ext_authz calls go to auth's HTTP listener (`auth_http`), its rate-limit calls
+    # to the lean gRPC listener (`auth_edge`).
+    envoy: LocalPorts = field(
+        default_factory=lambda: LocalPorts(auth_edge=AUTH_EDGE_PORT, auth_http=AUTH_HTTP_PORT)
+    )
     metrics: Mapping[str, int] = field(default_factory=dict)  # process name -> port
     replicas: Mapping[int, int] = field(default_factory=dict)  # catalogue port -> bound port
     redis: int = DEFAULT_REDIS_PORT
@@ -62,6 +65,7 @@ def free_ports(catalogue_ports: tuple[int, ...]) -> StackPorts:
         grpc=grpc,
         inference=tuple(replicas.values()),
         auth_edge=free_port(),
+        auth_http=free_port(),
     )
     names = [*CORE_SERVICES, *(f"replica-{p}" for p in catalogue_ports)]
     return StackPorts(envoy, {n: free_port() for n in names}, replicas, free_port())

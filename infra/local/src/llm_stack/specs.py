@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_envoy.layouts import LocalPorts
 from llm_envoy.topology import SERVICES
 from llm_envoy.validate import envoy_binary
 from llm_stack.catalogue import LocalReplica
@@ -62,8 +63,14 @@ def _service(
     )
 
 
-def _auth_edge(port: int | None) -> dict[str, str]:
-    return {} if port is None else {"AUTH_EDGE_PORT": str(port)}
+def _auth_listeners(ports: LocalPorts) -> dict[str, str]:
+    """auth's listeners for Envoy's per-request calls, where the plan has them."""
+    env = {}
+    if ports.auth_edge is not None:
+        env["AUTH_EDGE_PORT"] = str(ports.auth_edge)
+    if ports.auth_http is not None:
+        env["AUTH_HTTP_AUTHZ_PORT"] = str(ports.auth_http)
+    return env
 
 
 def core_specs(shared: Shared) -> list[ProcessSpec]:
@@ -79,7 +86,7 @@ def core_specs(shared: Shared) -> list[ProcessSpec]:
             "AUTH_ADMIN_TENANT": c.admin_tenant,
             "AUTH_REDIS_PREFIX": f"{prefix}auth:",
         }
-        | _auth_edge(c.ports.envoy.auth_edge),
+        | _auth_listeners(c.ports.envoy),
         "tokenizer": {},
         # One encoder thread: the host's cores are shared by every process of the stack.
         "cache": redis

@@ -14,6 +14,7 @@ method, `path_prefix` + the original path, the headers `allowed_headers` lets th
 credential. Any other status denies with that status, body and the headers Envoy's
 `allowed_client_headers` lets through. Routes that demand scopes say so in their path prefix
 (`/authz;scopes=a,b`), which a client cannot alter: the original path only follows it.
+`GET /healthz` answers 200 for Envoy's active health check, whatever the public paths are.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from llm_auth.principal import Principal
 from llm_common.logging import get_logger
 
 PATH_PREFIX = "/authz"
+HEALTH_PATH = "/healthz"  # the listener's own liveness, for Envoy's active health check
 SCOPES_MARK = ";scopes="
 MAX_HEAD_BYTES = 16 * 1024  # Envoy's default max request headers size is 60 KiB; ours are few
 MAX_BODY_BYTES = 64 * 1024  # only with Envoy's with_request_body, which we do not use
@@ -63,6 +65,7 @@ class CheckRequest:
     scopes: tuple[str, ...]
     headers: dict[str, str]
     body_bytes: int
+    health: bool = False  # the listener's own health check, not an authorization
 
 
 def parse_head(head: bytes) -> CheckRequest:
@@ -84,8 +87,11 @@ def parse_head(head: bytes) -> CheckRequest:
         value = value.strip(" \t")
         # Repeated headers join as HTTP allows (Envoy forwards each once; a repeat is odd).
         headers[name] = f"{headers[name]},{value}" if name in headers else value
+    body_bytes = _body_bytes(headers)
+    if parts[1] == HEALTH_PATH:
+        return CheckRequest(HEALTH_PATH, (), headers, body_bytes, health=True)
     path, scopes = split_path(parts[1])
-    return CheckRequest(path, scopes, headers, _body_bytes(headers))
+    return CheckRequest(path, scopes, headers, body_bytes)
 
 
 def split_path(target: str) -> tuple[str, tuple[str, ...]]:
@@ -135,6 +141,7 @@ def allowed_reply(principal: Principal) -> bytes:
 
 
 PUBLIC_REPLY = response(200, [(REMOVE_HEADER, ",".join(IDENTITY_HEADERS))])
+HEALTHY_REPLY = response(200, [("content-type", "text/plain")], b"ok\n")
 
 
 def denied_reply(denial: Denial) -> bytes:
@@ -173,6 +180,8 @@ class HttpAuthorizer:
             writer.close()
 
     async def answer(self, request: CheckRequest) -> bytes:
+        if request.health:
+            return HEALTHY_REPLY
         decision = await self._authz.decide(request.path, request.headers, request.scopes, "")
         if decision is None:
             return PUBLIC_REPLY

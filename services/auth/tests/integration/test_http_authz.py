@@ -84,6 +84,8 @@ async def test_keep_alive_answers_each_request_with_the_shared_decision(
         assert "x-tenant-id" not in headers
         status, _, _ = await conn.ask("/authz/v1/chat", "content-type: application/grpc")
         assert status == 401
+        status, _, body = await conn.ask("/healthz")  # Envoy's active health check
+        assert (status, body) == (200, b"ok\n")
     finally:
         conn.close()
     answers = auth.app.metrics.ext_authz

@@ -50,6 +50,11 @@ def test_a_client_path_cannot_add_scopes_or_remove_them() -> None:
     assert split_path("/authz;scopes=admin/authz/x")[1] == ("admin",)
 
 
+def test_the_listeners_own_health_path_is_not_a_check() -> None:
+    assert parse_head(head("/healthz")).health
+    assert not parse_head(head("/authz/healthz")).health
+
+
 def test_headers_are_lower_cased_and_repeats_joined() -> None:
     request = parse_head(head("/authz/a", "X-API-Key: sk-1", "x-model: m", "X-Model: n"))
     assert request.path == "/a"
