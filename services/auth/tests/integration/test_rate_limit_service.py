@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -71,9 +72,13 @@ async def test_64_clients_over_2_replicas_get_exactly_the_limit(
     finally:
         await asyncio.gather(*(channel.close() for channel in channels))
     assert len(codes) == CLIENTS * REQUESTS_PER_CLIENT
-    # 100/min refills one request per 0.6 s; the burst finishes well before that.
-    assert codes.count(OK) == LIMIT, f"{codes.count(OK)} admitted in {elapsed:.2f}s"
-    assert codes.count(OVER) == CLIENTS * REQUESTS_PER_CLIENT - LIMIT
+    # 100/min refills one request per 0.6 s. The burst usually ends before the first refill
+    # (exactly the limit); on a loaded machine it may not, and a refilled token is rightly
+    # admitted: never more than the limit plus what refilled while it ran.
+    admitted = codes.count(OK)
+    refilled = math.floor(elapsed / (60 / LIMIT))
+    assert LIMIT <= admitted <= LIMIT + refilled, f"{admitted} admitted in {elapsed:.2f}s"
+    assert codes.count(OVER) == CLIENTS * REQUESTS_PER_CLIENT - admitted
 
 
 async def test_statuses_carry_limit_remaining_and_reset(
