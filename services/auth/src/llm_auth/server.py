@@ -43,8 +43,21 @@ AUTH_SERVICE = pb.DESCRIPTOR.services_by_name["AuthService"].full_name
 AUTHZ_SERVICE = authz_pb.DESCRIPTOR.services_by_name["Authorization"].full_name
 RLS_SERVICE = rls_pb2.DESCRIPTOR.services_by_name["RateLimitService"].full_name
 SERVICE_NAMES = (AUTH_SERVICE, AUTHZ_SERVICE, RLS_SERVICE)
-# Envoy asks these on every edge request; Envoy's own access log already records each one.
-QUIET_METHODS = frozenset({f"/{AUTHZ_SERVICE}/Check", f"/{RLS_SERVICE}/ShouldRateLimit"})
+# Envoy asks these on every edge request and its own access log records each one; the router
+# calls the quota methods on every request and logs the request itself. Errors still log.
+_ROUTER_QUOTA_METHODS = (
+    "ReserveTokens",
+    "RefundTokens",
+    "AcquireConcurrency",
+    "ReleaseConcurrency",
+)
+QUIET_METHODS = frozenset(
+    {
+        f"/{AUTHZ_SERVICE}/Check",
+        f"/{RLS_SERVICE}/ShouldRateLimit",
+        *(f"/{AUTH_SERVICE}/{m}" for m in _ROUTER_QUOTA_METHODS),
+    }
+)
 
 
 class AuthApp:
