@@ -121,7 +121,8 @@ class Pipeline:
         # the caller before admission succeeded; a refusal cancels the generation, which frees
         # its KV blocks at once. While hits are common, generation waits for the lookup, so a
         # hit costs no replica work, but only for `lookup_grace_s`: a slow cache must not delay
-        # every miss. While they are rare it starts first, and a hit cancels it.
+        # every miss (the grace follows lookup latency: see speculation). While they are rare
+        # it starts first, and a hit cancels it.
         dispatch: asyncio.Future[Started] | None = None
         if key is None or self._speculation.dispatch_early():
             dispatch = asyncio.ensure_future(self._dispatch(prepared))
@@ -129,7 +130,8 @@ class Pipeline:
         lookup = asyncio.ensure_future(self._lookup(prepared.request, key))
         try:
             if dispatch is None:
-                await asyncio.wait({lookup}, timeout=self._lookup_grace_s)
+                grace_s = self._speculation.grace_s(self._lookup_grace_s)
+                await asyncio.wait({lookup}, timeout=grace_s)
                 if not lookup.done():
                     dispatch = asyncio.ensure_future(self._dispatch(prepared))
             hit = await lookup
@@ -330,10 +332,12 @@ class Pipeline:
         if request.cache.similarity_threshold is not None:
             options.similarity_threshold = request.cache.similarity_threshold
         with phase(self._metrics, "cache_lookup"):
+            started = time.perf_counter()
             try:
                 response = await self._cache.lookup(
                     cache_pb.LookupRequest(key=key, options=options)
                 )
+                self._speculation.latency.observe(time.perf_counter() - started)
             except ServiceError as err:
                 # The cache is optional: any failure is a miss.
                 self._metrics.cache.labels("error").inc()

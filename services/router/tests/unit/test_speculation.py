@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_router.speculation import HitRate, Speculation
+from llm_router.speculation import GRACE_CAP_S, HitRate, Latency, Speculation
 
 
 def test_first_lookups_count_at_full_weight() -> None:
@@ -38,3 +38,24 @@ def test_speculates_only_while_hits_are_rare() -> None:
 
 def test_zero_threshold_never_speculates() -> None:
     assert not Speculation(below_hit_rate=0.0).dispatch_early()
+
+
+def test_latency_is_a_moving_mean_that_starts_at_the_first_sample() -> None:
+    latency = Latency(alpha=0.1)
+    latency.observe(0.02)
+    assert latency.value == 0.02
+    for _ in range(100):
+        latency.observe(0.2)
+    assert 0.19 < latency.value <= 0.2
+
+
+def test_grace_follows_slow_lookups_between_floor_and_cap() -> None:
+    speculation = Speculation(below_hit_rate=0.2)
+    assert speculation.grace_s(0.05) == 0.05  # no lookups seen: the floor
+    speculation.latency.observe(0.004)
+    assert speculation.grace_s(0.05) == 0.05  # fast lookups: the floor
+    speculation.latency = Latency(value=0.06)
+    assert speculation.grace_s(0.05) == pytest.approx(0.18)  # a loaded host: 3 latencies
+    speculation.latency = Latency(value=5.0)
+    assert speculation.grace_s(0.05) == GRACE_CAP_S  # a stalled cache: capped
+    assert speculation.grace_s(0.0) == 0.0  # floor 0: never wait
