@@ -1,8 +1,10 @@
 """Billing benchmark: Reserve+Settle pairs through gRPC against `python -m llm_billing`, in
 one run: the scaled set-up (BILLING_WORKERS server processes on one port, several client
 processes) against the single-process baseline (one server process, one client process) and
-the same Ledger calls made in-process, all on the real Redis
--> bench/results/billing.json and billing.png.
+the same Ledger calls made in-process, all on the real Redis; and, on the single-process
+set-up, settles coalesced into SettleBatch calls as the router sends them (Reserve unary,
+settles queued by llm_router's SettleBatcher) and settle-only SettleBatch throughput of
+pre-reserved requests -> bench/results/billing.json and billing.png.
 
 Run from the repository root: `.venv/bin/python bench/bench_billing.py`.
 Goal (issue 6): >= 2,000 settles/s on 2 cores with p99 <= 5 ms.
@@ -48,6 +50,8 @@ from llm_billing.server import Billing, build_billing
 from llm_billing.timeutil import Period
 from llm_billing.usage import Granularity, UsageQuery
 from llm_common.testing import free_port, redis_url_for_tests, settings_for_tests
+from llm_router.clients import BillingClient
+from llm_router.settle_batch import SettleBatcher
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 from llmapi.common.v1 import common_pb2
@@ -66,6 +70,11 @@ STOP = common_pb2.FINISH_REASON_STOP
 # can spread a client's connections over the server processes.
 CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 GRPC_ARMS = ("grpc", "grpc_baseline_1x1")
+BATCHED_ARM = "grpc_batched_1x1"
+SETTLE_ONLY_ARM = "settle_only_batch_1x1"
+BATCH_MAX = 64  # the router's ROUTER_SETTLE_BATCH_MAX default
+BATCH_WAIT_S = 0.002  # the router's ROUTER_SETTLE_BATCH_WAIT_MS default
+SETTLE_ONLY_CALLS_IN_FLIGHT = 2  # one answered while the next is on its way
 
 Pair = Callable[[str, str], Awaitable[tuple[float, float]]]
 
@@ -80,6 +89,8 @@ class Arm:
     settle: list[float] = field(default_factory=list)
     pair: list[float] = field(default_factory=list)
     elapsed_s: float = 0.0
+    settles: int = 0  # settle-only arms settle without pairs
+    settle_calls: int = 0  # SettleBatch calls (batched arms); 0: one Settle call per pair
     cpu_s: dict[str, float] = field(default_factory=dict)
     server_cpu_by_process: list[float] = field(default_factory=list)  # supervisor first
 
@@ -98,6 +109,7 @@ class Work:
     count: int
     concurrency: int
     channels: int
+    mode: str = "unary"  # unary | batched | settle_only
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -141,13 +153,30 @@ def arm_report(arm: Arm) -> dict[str, Any]:
         "server_processes": arm.server_processes,
         "client_processes": arm.client_processes,
         "pairs_per_s": round(pairs_per_s, 1),
-        "settles_per_s": round(pairs_per_s, 1),  # one Settle per pair
-        "rpcs_per_s": round(2 * pairs_per_s, 1),
+        "settles_per_s": round(pairs_per_s, 1),  # one settle per pair
+        "rpcs_per_s": round((pairs + (arm.settle_calls or pairs)) / arm.elapsed_s, 1),
+        "settles_per_settle_call": round(pairs / (arm.settle_calls or pairs), 2),
         "pair": summary(arm.pair),
         "reserve": summary(arm.reserve),
         "settle": summary(arm.settle),
         "cpu_ms_per_pair": cpu_ms,
         "cpu_ms_per_pair_total": round(sum(cpu_ms.values()), 3),
+        "server_cpu_s_by_process": [round(s, 2) for s in arm.server_cpu_by_process],
+    }
+
+
+def settle_only_report(arm: Arm) -> dict[str, Any]:
+    """Settles of pre-reserved requests, BATCH_MAX per SettleBatch call."""
+    cpu_ms = {name: round(s * 1e3 / arm.settles, 4) for name, s in arm.cpu_s.items()}
+    return {
+        "server_processes": arm.server_processes,
+        "client_processes": arm.client_processes,
+        "items_per_call": BATCH_MAX,
+        "calls_in_flight": SETTLE_ONLY_CALLS_IN_FLIGHT,
+        "settles_per_s": round(arm.settles / arm.elapsed_s, 1),
+        "batch_call": summary(arm.settle),
+        "cpu_ms_per_settle": cpu_ms,
+        "cpu_ms_per_settle_total": round(sum(cpu_ms.values()), 4),
         "server_cpu_s_by_process": [round(s, 2) for s in arm.server_cpu_by_process],
     }
 
@@ -168,6 +197,9 @@ async def drive(pair: Pair, ids: Iterator[int], prefix: str, concurrency: int) -
     out["start"] = time.perf_counter()  # CLOCK_MONOTONIC: comparable across processes
     cpu = time.process_time()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    if isinstance(pair, BatchedPair):  # its settles in flight count in the elapsed time
+        await pair.finish()
+        out["settle"], out["settle_calls"] = pair.settles_ms, pair.batcher.batches_sent
     out["end"], out["cpu_s"] = time.perf_counter(), time.process_time() - cpu
     return out
 
@@ -206,6 +238,86 @@ def grpc_pair(stubs: list[pb_grpc.BillingServiceAsyncStub]) -> Pair:
     return pair
 
 
+def settle_request(rid: str, tenant: str) -> pb.SettleRequest:
+    return pb.SettleRequest(
+        request_id=rid,
+        tenant_id=tenant,
+        prompt_tokens=700,
+        completion_tokens=180,
+        cached_tokens=128,
+        finish_reason=STOP,
+    )
+
+
+class BatchedPair:
+    """Reserve unary, then the settle queued for a SettleBatch in the background, as the
+    router does: the next Reserve does not wait for it. A settle's time is its queue wait
+    plus its batch call; `drive` waits for every settle (`finish`) before it stops the clock."""
+
+    def __init__(
+        self, stubs: list[pb_grpc.BillingServiceAsyncStub], batcher: SettleBatcher
+    ) -> None:
+        self._stubs = stubs
+        self.batcher = batcher
+        self._turn = iter(range(1 << 62))
+        self._pending: set[asyncio.Task[None]] = set()
+        self.settles_ms: list[float] = []
+
+    async def _settle(self, rid: str, tenant: str) -> None:
+        t0 = time.perf_counter()
+        await self.batcher.submit(settle_request(rid, tenant))
+        self.settles_ms.append((time.perf_counter() - t0) * 1e3)
+
+    async def finish(self) -> None:
+        if self._pending:
+            await asyncio.wait(set(self._pending))
+
+    async def __call__(self, rid: str, tenant: str) -> tuple[float, float]:
+        stub = self._stubs[next(self._turn) % len(self._stubs)]
+        t0 = time.perf_counter()
+        await stub.Reserve(
+            pb.ReserveRequest(
+                request_id=rid,
+                tenant_id=tenant,
+                key_id="key1",
+                model=MODEL,
+                prompt_tokens=700,
+                max_completion_tokens=256,
+            ),
+            timeout=10,
+        )
+        task = asyncio.get_running_loop().create_task(self._settle(rid, tenant))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        return time.perf_counter() - t0, 0.0
+
+
+async def drive_settle_only(
+    stub: pb_grpc.BillingServiceAsyncStub, ids: list[int], prefix: str, in_flight: int
+) -> dict[str, Any]:
+    """SettleBatch calls of BATCH_MAX pre-reserved requests, `in_flight` at a time."""
+    chunks = iter(range(0, len(ids), BATCH_MAX))
+    out: dict[str, Any] = {"reserve": [], "settle": [], "pair": [], "settles": len(ids)}
+
+    async def worker() -> None:
+        for start in chunks:
+            items = [
+                pb.SettleBatchItem(settle=settle_request(f"{prefix}-{i}", f"bench{i % TENANTS}"))
+                for i in ids[start : start + BATCH_MAX]
+            ]
+            t0 = time.perf_counter()
+            reply = await stub.SettleBatch(pb.SettleBatchRequest(items=items), timeout=10)
+            out["settle"].append((time.perf_counter() - t0) * 1e3)
+            if any(r.status.code for r in reply.results):
+                raise RuntimeError("a settle of the benchmark was refused")
+
+    out["start"] = time.perf_counter()
+    cpu = time.process_time()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    out["end"], out["cpu_s"] = time.perf_counter(), time.process_time() - cpu
+    return out
+
+
 def direct_pair(billing: Billing) -> Pair:
     async def pair(rid: str, tenant: str) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -226,9 +338,17 @@ async def client_work(work: Work) -> dict[str, Any]:
     try:
         for channel in channels:
             await asyncio.wait_for(channel.channel_ready(), 30)
-        pair = grpc_pair([pb_grpc.BillingServiceStub(c) for c in channels])
-        ids = iter(range(work.first, work.count, work.stride))
-        return await drive(pair, ids, work.prefix, work.concurrency)
+        stubs = [pb_grpc.BillingServiceStub(c) for c in channels]
+        ids = range(work.first, work.count, work.stride)
+        if work.mode == "settle_only":
+            return await drive_settle_only(stubs[0], list(ids), work.prefix, work.concurrency)
+        if work.mode == "batched":
+            billing = BillingClient(channels[0], timeout_s=10, breaker=None)
+            batcher = SettleBatcher(billing, max_items=BATCH_MAX, wait_s=BATCH_WAIT_S, timeout_s=10)
+            pair: Pair = BatchedPair(stubs, batcher)
+        else:
+            pair = grpc_pair(stubs)
+        return await drive(pair, iter(ids), work.prefix, work.concurrency)
     finally:
         for channel in channels:
             await channel.close()
@@ -306,6 +426,7 @@ class Setup:
     server: Server
     client_processes: int
     channels_per_client: int
+    mode: str = "unary"
 
 
 async def run_grpc_round(
@@ -313,9 +434,11 @@ async def run_grpc_round(
     prefix: str, count: int, concurrency: int, into: Arm,
 ) -> None:  # fmt: skip
     n = setup.client_processes
+    if setup.mode == "settle_only":
+        concurrency = SETTLE_ONLY_CALLS_IN_FLIGHT
     works = [
         Work(setup.server.target, prefix, i, n, count, max(1, concurrency // n),
-             setup.channels_per_client)
+             setup.channels_per_client, setup.mode)
         for i in range(n)
     ]  # fmt: skip
     server_before, redis_before = server_cpu_s(setup.server.pid), await redis_cpu_s(redis_client)
@@ -334,6 +457,20 @@ async def run_grpc_round(
         into.reserve += r["reserve"]
         into.settle += r["settle"]
         into.pair += r["pair"]
+        into.settles += r.get("settles", len(r["pair"]))
+        into.settle_calls += r.get("settle_calls", 0)
+
+
+async def reserve_ahead(billing: Billing, prefix: str, count: int) -> None:
+    """Reserve the requests a settle-only round settles (in-process, before its clock)."""
+    ids = iter(range(count))
+
+    async def worker() -> None:
+        for i in ids:
+            rid, tenant = f"{prefix}-{i}", f"bench{i % TENANTS}"
+            await billing.ledger.reserve(ReserveInput(rid, tenant, "key1", MODEL, 700, 256))
+
+    await asyncio.gather(*(worker() for _ in range(32)))
 
 
 async def run_direct_round(
@@ -393,9 +530,13 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
             setups = (
                 Setup("baseline_1x1", single, 1, 1),
                 Setup("scaled", scaled, args.clients, args.channels),
+                Setup(BATCHED_ARM, single, 1, 1, mode="batched"),
+                Setup(SETTLE_ONLY_ARM, single, 1, 1, mode="settle_only"),
             )
             for setup in setups:
                 warm = Arm(setup.server.workers, setup.client_processes)
+                if setup.mode == "settle_only":
+                    await reserve_ahead(billing, f"w{setup.name}", args.warmup)
                 await run_grpc_round(
                     setup, clients, billing.client, f"w{setup.name}", args.warmup, 8, warm
                 )
@@ -404,7 +545,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 levels.append(await compare(setups, clients, billing, concurrency, args.pairs))
                 print(json.dumps(levels[-1]["summary"]), file=sys.stderr)
             measured = args.pairs // ROUNDS * ROUNDS * len(args.concurrency)
-            pairs_run = 3 * (args.warmup + measured)
+            pairs_run = (len(setups) + 1) * (args.warmup + measured)  # + direct
             ledger_requests = await count_ledger(billing)
     finally:
         clients.close()
@@ -415,7 +556,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def compare(
-    setups: tuple[Setup, Setup], clients: Clients, billing: Billing, concurrency: int, pairs: int
+    setups: tuple[Setup, ...], clients: Clients, billing: Billing, concurrency: int, pairs: int
 ) -> dict[str, Any]:
     arms = {s.name: Arm(s.server.workers, s.client_processes) for s in setups}
     direct = Arm(0, 1)
@@ -423,17 +564,22 @@ async def compare(
     for r in range(ROUNDS):
         for s in setups:
             tag = f"{s.name}{concurrency}-{r}"
+            if s.mode == "settle_only":
+                await reserve_ahead(billing, tag, per_round)
             await run_grpc_round(
                 s, clients, billing.client, tag, per_round, concurrency, arms[s.name]
             )
         await run_direct_round(billing, f"d{concurrency}-{r}", per_round, concurrency, direct)
+    settle_only = settle_only_report(arms.pop(SETTLE_ONLY_ARM))
     reports = {name: arm_report(arm) for name, arm in arms.items()}
-    scaled, base = reports["scaled"], reports["baseline_1x1"]
+    scaled, base, batched = reports["scaled"], reports["baseline_1x1"], reports[BATCHED_ARM]
     direct_report = arm_report(direct)
     return {
         "concurrency": concurrency,
         "grpc": scaled,
         "grpc_baseline_1x1": base,
+        BATCHED_ARM: batched,
+        SETTLE_ONLY_ARM: settle_only,
         "direct_in_process": direct_report,
         "grpc_added_p50_ms": round(scaled["pair"]["p50_ms"] - direct_report["pair"]["p50_ms"], 3),
         "summary": {
@@ -446,6 +592,15 @@ async def compare(
             "grpc_settle_p99_ms": scaled["settle"]["p99_ms"],
             "baseline_1x1_settles_per_s": base["settles_per_s"],
             "baseline_1x1_settle_p99_ms": base["settle"]["p99_ms"],
+            "batched_1x1_settles_per_s": batched["settles_per_s"],
+            "batched_1x1_reserve_p99_ms": batched["reserve"]["p99_ms"],
+            "batched_1x1_settle_p99_ms": batched["settle"]["p99_ms"],
+            "batched_1x1_server_cpu_ms_per_pair": batched["cpu_ms_per_pair"]["billing_server"],
+            "settle_only_settles_per_s": settle_only["settles_per_s"],
+            "settle_only_batch_call_p99_ms": settle_only["batch_call"]["p99_ms"],
+            "settle_only_server_cpu_ms_per_settle": settle_only["cpu_ms_per_settle"][
+                "billing_server"
+            ],
             "direct_settles_per_s": direct_report["settles_per_s"],
             "server_cpu_ms_per_pair": scaled["cpu_ms_per_pair"]["billing_server"],
             "baseline_server_cpu_ms_per_pair": base["cpu_ms_per_pair"]["billing_server"],
@@ -471,13 +626,28 @@ async def count_ledger(billing: Billing) -> int:
 def projection(levels: list[dict[str, Any]]) -> dict[str, Any]:
     """Pairs/s the billing processes could sustain on dedicated cores, from CPU per pair,
     for each gRPC set-up at its cheapest level."""
-    return {arm: _projection(levels, arm) for arm in GRPC_ARMS} | {
+    return {arm: _projection(levels, arm) for arm in (*GRPC_ARMS, BATCHED_ARM)} | {
+        SETTLE_ONLY_ARM: _settle_only_projection(levels),
         "note": (
             "One billing process runs on one core. The 2-core figure assumes billing "
             "processes and Redis sharing 2 dedicated cores with the clients elsewhere (for "
             "the 1x1 set-up that needs a second process, at the same CPU per pair); the "
             "with-clients figure also puts the gRPC clients on those 2 cores."
         ),
+    }
+
+
+def _settle_only_projection(levels: list[dict[str, Any]]) -> dict[str, Any]:
+    best = min(levels, key=lambda lv: lv[SETTLE_ONLY_ARM]["cpu_ms_per_settle"]["billing_server"])
+    cpu = best[SETTLE_ONLY_ARM]["cpu_ms_per_settle"]
+    server_ms, redis_ms = cpu["billing_server"], cpu["redis"]
+    return {
+        "concurrency": best["concurrency"],
+        "server_cpu_ms_per_settle": server_ms,
+        "redis_cpu_ms_per_settle": redis_ms,
+        "client_cpu_ms_per_settle": cpu["client"],
+        "one_process_settles_per_s": round(1000 / server_ms, 1),
+        f"{GOAL_CORES}_cores_settles_per_s": round(GOAL_CORES * 1000 / (server_ms + redis_ms), 1),
     }
 
 
@@ -504,9 +674,35 @@ def report(
     levels: list[dict[str, Any]],
     checked: dict[str, int],
 ) -> dict[str, Any]:
-    # The goal is checked on every gRPC set-up: on few cores one process can beat several.
-    runs = [(lv["concurrency"], arm, lv[arm]) for lv in levels for arm in GRPC_ARMS]
-    concurrency, arm, best = max(runs, key=lambda run: run[2]["settles_per_s"])
+    verdicts = [
+        _verdict(
+            "unary_pairs",
+            "Reserve+Settle pairs, one unary call each: settles/s (= pairs/s) and the Settle "
+            "call's p99; best of the unary set-ups and levels",
+            levels,
+            GRPC_ARMS,
+            lambda r: r["settle"]["p99_ms"],
+        ),
+        _verdict(
+            "batched_pairs",
+            "Reserve unary + settles coalesced into SettleBatch by the router's SettleBatcher "
+            f"({BATCH_MAX} items / {BATCH_WAIT_S * 1e3:g} ms), 1 server x 1 client process: "
+            "settles/s (= pairs/s, every settle answered) and p99 of a settle's queue wait "
+            "plus its SettleBatch call",
+            levels,
+            (BATCHED_ARM,),
+            lambda r: r["settle"]["p99_ms"],
+        ),
+        _verdict(
+            "settle_only_batches",
+            f"settle-only: SettleBatch calls of {BATCH_MAX} pre-reserved requests "
+            f"({SETTLE_ONLY_CALLS_IN_FLIGHT} in flight), 1 server x 1 client process: "
+            "settles/s and the SettleBatch call's p99",
+            levels,
+            (SETTLE_ONLY_ARM,),
+            lambda r: r["batch_call"]["p99_ms"],
+        ),
+    ]
     return {
         "benchmark": "billing Reserve+Settle pairs",
         "what": (
@@ -523,14 +719,10 @@ def report(
             "settles_per_s": GOAL_SETTLES_PER_S,
             "settle_p99_ms": GOAL_P99_MS,
             "cores": GOAL_CORES,
-            "met_measured": best["settles_per_s"] >= GOAL_SETTLES_PER_S
-            and best["settle"]["p99_ms"] <= GOAL_P99_MS,
-            "best": {
-                "arm": arm,
-                "concurrency": concurrency,
-                "settles_per_s": best["settles_per_s"],
-                "settle_p99_ms": best["settle"]["p99_ms"],
-            },
+            # One verdict per metric, measured on this (shared) machine; `met_by` names the
+            # metrics that meet both thresholds.
+            "verdicts": verdicts,
+            "met_by": [v["metric"] for v in verdicts if v["met_measured"]],
         },
         "projection": projection(levels),
         "levels": levels,
@@ -552,6 +744,27 @@ def report(
     }
 
 
+def _verdict(
+    metric: str,
+    meaning: str,
+    levels: list[dict[str, Any]],
+    arms: tuple[str, ...],
+    p99: Callable[[dict[str, Any]], float],
+) -> dict[str, Any]:
+    """The goal judged on one metric, at the arm and level with the most settles/s."""
+    runs = [(lv["concurrency"], arm, lv[arm]) for lv in levels for arm in arms]
+    concurrency, arm, best = max(runs, key=lambda run: run[2]["settles_per_s"])
+    return {
+        "metric": metric,
+        "meaning": meaning,
+        "met_measured": best["settles_per_s"] >= GOAL_SETTLES_PER_S and p99(best) <= GOAL_P99_MS,
+        "arm": arm,
+        "concurrency": concurrency,
+        "settles_per_s": best["settles_per_s"],
+        "p99_ms": p99(best),
+    }
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -561,20 +774,28 @@ def plot(result: dict[str, Any], path: Path) -> None:
     levels = result["levels"]
     labels = [str(level["concurrency"]) for level in levels]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    width, xs = 0.27, range(len(levels))
+    width, xs = 0.16, range(len(levels))
     arms = (
-        (-width, "grpc", "gRPC, workers"),
-        (0.0, "grpc_baseline_1x1", "gRPC, 1 process"),
-        (width, "direct_in_process", "in-process"),
+        (-2 * width, "grpc", "gRPC, workers"),
+        (-width, "grpc_baseline_1x1", "gRPC, 1 process"),
+        (0.0, BATCHED_ARM, "SettleBatch, 1 process"),
+        (width, SETTLE_ONLY_ARM, "settle-only batches"),
+        (2 * width, "direct_in_process", "in-process"),
     )
     for offset, arm, name in arms:
         at = [x + offset for x in xs]
+        p99 = [lv[arm].get("settle", lv[arm].get("batch_call"))["p99_ms"] for lv in levels]
         left.bar(at, [lv[arm]["settles_per_s"] for lv in levels], width, label=name)
-        right.bar(at, [lv[arm]["settle"]["p99_ms"] for lv in levels], width, label=name)
+        right.bar(at, p99, width, label=name)
     left.axhline(GOAL_SETTLES_PER_S, color="red", linestyle="--", label="goal")
     right.axhline(GOAL_P99_MS, color="red", linestyle="--", label="goal")
     left.set(title="Settles per second", xlabel="concurrency", xticks=list(xs), xticklabels=labels)
-    right.set(title="Settle p99 (ms)", xlabel="concurrency", xticks=list(xs), xticklabels=labels)
+    right.set(
+        title="Settle (batch call) p99 (ms)",
+        xlabel="concurrency",
+        xticks=list(xs),
+        xticklabels=labels,
+    )
     left.legend()
     right.legend()
     fig.tight_layout()

@@ -20,7 +20,7 @@ from llm_billing.config import LedgerSettings
 from llm_billing.keys import KeySpace
 from llm_billing.prices import Price, PriceBook
 from llm_billing.scripts import Scripts
-from llm_billing.store import now_ms
+from llm_billing.store import STORE_UNAVAILABLE, now_ms
 from llm_billing.timeutil import Period, day_id, hour_id, month_id, period_end_ms
 from llm_common.errors import (
     AlreadyExists,
@@ -30,6 +30,8 @@ from llm_common.errors import (
     NotFound,
     QuotaExceeded,
     QuotaViolation,
+    ServiceError,
+    Unavailable,
 )
 from llm_common.redis_mux import Command, Pipelined, pipelined
 
@@ -106,6 +108,20 @@ class Settlement:
     duplicate: bool
     corrected: bool
     unreserved: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseInput:
+    """A Release: `tenant_id` may be empty (looked up)."""
+
+    request_id: str
+    tenant_id: str = ""
+
+
+BatchOp = SettleInput | ReleaseInput
+# Per op: a Settlement (settle), whether something was released (release), or the error
+# the unary call would have raised (an Exception that is not a ServiceError is a bug).
+BatchOutcome = Settlement | bool | Exception
 
 
 class TenantRegister:
@@ -231,13 +247,16 @@ class Ledger:
         if tenant is not None:
             reply = await self._settle(tenant, s, ())
         if reply is None or reply[0] == "missing":
-            if s.admission is None or not s.tenant_id:
-                raise NotFound("reservation", s.request_id)
-            tenant = s.tenant_id
-            extra = self._admission_args(s.admission)
-            await self._claim(s.request_id, tenant)
-            reply = await self._settle(tenant, s, extra)
+            return await self._settle_unreserved(s)
         return _settlement(s.request_id, reply)
+
+    async def _settle_unreserved(self, s: SettleInput) -> Settlement:
+        """Record usage that has no reservation (admitted while billing was unreachable)."""
+        if s.admission is None or not s.tenant_id:
+            raise NotFound("reservation", s.request_id)
+        extra = self._admission_args(s.admission)
+        await self._claim(s.request_id, s.tenant_id)
+        return _settlement(s.request_id, await self._settle(s.tenant_id, s, extra))
 
     async def release(self, request_id: str, tenant_id: str = "") -> bool:
         """Cancel an open reservation (or refund an expired charge); False if nothing to do."""
@@ -249,6 +268,59 @@ class Ledger:
             args=[self._keys.tenant_base(tenant), request_id, self._clock()],
         )
         return bool(int(released))
+
+    async def apply_many(self, ops: Sequence[BatchOp]) -> list[BatchOutcome]:
+        """Settle and release many requests, in order, each as `settle`/`release` would.
+
+        One round trip when every op names its tenant and has a reservation (the router's
+        case): all scripts go out in one pipeline. Ops without a tenant cost one more round
+        trip (all owner lookups together); a settle without a reservation is recorded one by
+        one as `settle` does. A store failure of the pipeline is raised (the batch may be
+        retried as a whole: every op is idempotent); in the one-by-one step it is the op's
+        Unavailable."""
+        tenants = await self._owners(ops)
+        commands: list[Command] = []
+        for op, tenant in zip(ops, tenants, strict=True):
+            if tenant is not None:
+                commands.append(self._batch_command(op, tenant))
+        replies = iter(await self._run(commands) if commands else [])
+        outcomes: list[BatchOutcome] = []
+        for op, tenant in zip(ops, tenants, strict=True):
+            reply = None if tenant is None else next(replies)
+            outcomes.append(await self._batch_outcome(op, reply))
+        return outcomes
+
+    async def _owners(self, ops: Sequence[BatchOp]) -> list[str | None]:
+        """Each op's tenant: as given, else the request id's owner (one round trip)."""
+        lookups = [op.request_id for op in ops if not op.tenant_id]
+        found: dict[str, str | None] = {}
+        if lookups:
+            commands: list[Command] = [["GET", self._keys.request_owner(r)] for r in lookups]
+            owners = _raise_first(await self._run(commands))
+            found = {r: None if o is None else str(o) for r, o in zip(lookups, owners, strict=True)}
+        return [op.tenant_id or found[op.request_id] for op in ops]
+
+    def _batch_command(self, op: BatchOp, tenant: str) -> Command:
+        keys = self._record_keys(tenant, op.request_id)
+        base = self._keys.tenant_base(tenant)
+        if isinstance(op, ReleaseInput):
+            sha = self._scripts.release.sha
+            return ["EVALSHA", sha, 2, *keys[:2], base, op.request_id, self._clock()]
+        return ["EVALSHA", self._scripts.settle.sha, len(keys), *keys, *self._settle_args(op, base)]
+
+    async def _batch_outcome(self, op: BatchOp, reply: Any) -> BatchOutcome:
+        if isinstance(reply, Exception):
+            return reply
+        if isinstance(op, ReleaseInput):
+            return reply is not None and bool(int(reply))
+        if reply is not None and reply[0] != "missing":
+            return _settlement(op.request_id, reply)
+        try:
+            return await self._settle_unreserved(op)
+        except ServiceError as err:
+            return err
+        except STORE_UNAVAILABLE:
+            return Unavailable("billing ledger unavailable", retry_after_s=1.0)
 
     async def expire_due(self, tenant_id: str, batch: int = SWEEP_BATCH) -> int:
         """Charge up to `batch` of the tenant's expired reservations; returns how many."""
@@ -306,21 +378,23 @@ class Ledger:
         return None if owner is None else str(owner)
 
     async def _settle(self, tenant: str, s: SettleInput, extra: Sequence[str | int]) -> list[str]:
-        u = s.usage
         keys = self._record_keys(tenant, s.request_id)
-        args = [
-            self._keys.tenant_base(tenant),
+        args = [*self._settle_args(s, self._keys.tenant_base(tenant)), *extra]
+        command = ["EVALSHA", self._scripts.settle.sha, len(keys), *keys, *args]
+        (reply,) = _raise_first(await self._run([command]))
+        return cast(list[str], reply)
+
+    def _settle_args(self, s: SettleInput, base: str) -> list[str | int]:
+        u = s.usage
+        return [
+            base,
             s.request_id,
             u.prompt_tokens,
             u.completion_tokens,
             u.cached_tokens,
             u.finish_reason,
             self._clock(),
-            *extra,
         ]
-        command = ["EVALSHA", self._scripts.settle.sha, len(keys), *keys, *args]
-        (reply,) = _raise_first(await self._run([command]))
-        return cast(list[str], reply)
 
     def _admission_args(self, a: Admission) -> list[str | int]:
         now = self._clock()

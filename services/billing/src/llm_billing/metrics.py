@@ -37,6 +37,13 @@ class BillingMetrics:
             ["currency"],
             registry=registry,
         )
+        self.batch_items = Counter(
+            "llm_billing_batch_items",
+            "SettleBatch items by call (settle, release) and gRPC status code (the outcome of"
+            " each is also counted in the settlements/releases counters, as the unary call's).",
+            ["call", "code"],
+            registry=registry,
+        )
         self.expired = Counter(
             "llm_billing_expired_reservations",
             "Reservations charged at their reserved amount because they were not settled in time.",

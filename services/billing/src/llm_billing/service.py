@@ -13,12 +13,13 @@ from llm_billing import validation
 from llm_billing.budgets import Budgets, BudgetStatus
 from llm_billing.config import Limits
 from llm_billing.invoice import InvoiceExporter
-from llm_billing.ledger import Ledger, Reservation, Settlement
+from llm_billing.ledger import BatchOutcome, Ledger, Reservation, Settlement
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import Price
 from llm_billing.store import now_ms, store_errors
 from llm_billing.usage import UsageReader, UsageTotals
-from llm_common.errors import QuotaExceeded
+from llm_common.errors import Internal, QuotaExceeded, ServiceError
+from llm_common.logging import get_logger
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 
@@ -26,6 +27,8 @@ Context = grpc.aio.ServicerContext[Any, Any]
 _PERIODS = {period: number for number, period in validation.PERIODS.items()}
 RESERVE_OUTCOMES = ("held", "duplicate", "soft_limit", "rejected")
 SETTLE_OUTCOMES = ("settled", "duplicate", "corrected", "unreserved")
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+_log = get_logger(__name__)
 
 
 class BillingServicer(pb_grpc.BillingServiceServicer):
@@ -72,14 +75,7 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         async with store_errors():
             settlement = await self._ledger.settle(settle)
         self._count_settlement(settlement)
-        return pb.SettleResponse(
-            request_id=settlement.request_id,
-            charged_micros=settlement.charged_micros,
-            currency=settlement.currency,
-            duplicate=settlement.duplicate,
-            corrected=settlement.corrected,
-            unreserved=settlement.unreserved,
-        )
+        return _settle_response(settlement)
 
     async def Release(  # noqa: N802
         self, request: pb.ReleaseRequest, context: Context
@@ -89,6 +85,36 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
             released = await self._ledger.release(request_id, tenant_id)
         self._metrics.releases.labels("released" if released else "noop").inc()
         return pb.ReleaseResponse(released=released)
+
+    async def SettleBatch(  # noqa: N802
+        self, request: pb.SettleBatchRequest, context: Context
+    ) -> pb.SettleBatchResponse:
+        validation.batch_items(request)
+        parsed = [validation.batch_op(item, self._limits) for item in request.items]
+        ops = [p for p in parsed if not isinstance(p, ServiceError)]
+        async with store_errors():
+            outcomes = iter(await self._ledger.apply_many(ops) if ops else [])
+        results = [
+            self._batch_result(p if isinstance(p, ServiceError) else next(outcomes), item)
+            for p, item in zip(parsed, request.items, strict=True)
+        ]
+        return pb.SettleBatchResponse(results=results)
+
+    def _batch_result(
+        self, outcome: BatchOutcome, item: pb.SettleBatchItem
+    ) -> pb.SettleBatchResult:
+        """One item's result, counted in the same metrics as the unary call."""
+        call = item.WhichOneof("call") or "none"
+        if isinstance(outcome, Settlement):
+            self._count_settlement(outcome)
+            result = pb.SettleBatchResult(settle=_settle_response(outcome))
+        elif isinstance(outcome, bool):
+            self._metrics.releases.labels("released" if outcome else "noop").inc()
+            result = pb.SettleBatchResult(release=pb.ReleaseResponse(released=outcome))
+        else:
+            result = pb.SettleBatchResult(status=_item_status(outcome, call))
+        self._metrics.batch_items.labels(call, _code_name(result.status.code)).inc()
+        return result
 
     async def GetUsage(  # noqa: N802
         self, request: pb.GetUsageRequest, context: Context
@@ -153,6 +179,30 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
             self._charged.inc(settlement.charged_micros)
         else:  # a record from before a currency change of the deployment
             self._metrics.charged.labels(settlement.currency).inc(settlement.charged_micros)
+
+
+def _settle_response(settlement: Settlement) -> pb.SettleResponse:
+    return pb.SettleResponse(
+        request_id=settlement.request_id,
+        charged_micros=settlement.charged_micros,
+        currency=settlement.currency,
+        duplicate=settlement.duplicate,
+        corrected=settlement.corrected,
+        unreserved=settlement.unreserved,
+    )
+
+
+def _item_status(error: Exception, call: str) -> pb.BatchItemStatus:
+    """The status the unary call would have answered with (the interceptor's mapping)."""
+    if not isinstance(error, ServiceError):
+        _log.error("settle batch item failed", call=call, error=type(error).__name__)
+        error = Internal()
+    # BatchItemStatus has google.rpc.Status's wire format.
+    return pb.BatchItemStatus.FromString(error.to_proto().SerializeToString())
+
+
+def _code_name(code: int) -> str:
+    return _CODE_NAMES.get(code, "UNKNOWN")
 
 
 def _children(counter: Counter, outcomes: tuple[str, ...]) -> dict[str, Counter]:

@@ -8,10 +8,11 @@ from google.protobuf import timestamp_pb2
 
 from llm_billing.budgets import MAX_LIMIT_MICROS, BudgetLimits
 from llm_billing.config import Limits
-from llm_billing.ledger import Admission, ReserveInput, SettleInput, Usage
+from llm_billing.ledger import Admission, BatchOp, ReleaseInput, ReserveInput, SettleInput, Usage
 from llm_billing.prices import MODEL_PATTERN
 from llm_billing.timeutil import DAY_MS, Period
 from llm_billing.usage import Granularity, UsageQuery
+from llm_common.errors import FieldViolation, InvalidArgument, ServiceError
 from llm_common.validation import Violations
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.common.v1 import common_pb2
@@ -21,6 +22,7 @@ from llmapi.common.v1 import common_pb2
 ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:~+/=-]{0,127}")
 MAX_TIMESTAMP_S = 253_402_300_799  # 9999-12-31T23:59:59Z
+MAX_BATCH_ITEMS = 256  # SettleBatch: bounds the pipeline and the reply size
 _FINISH_REASONS = frozenset(common_pb2.FinishReason.values())
 _GRANULARITIES = {
     pb.GRANULARITY_UNSPECIFIED: Granularity.TOTAL,
@@ -82,6 +84,28 @@ def release_input(req: pb.ReleaseRequest) -> tuple[str, str]:
     _identifier(v, "tenant_id", req.tenant_id, optional=True)
     v.raise_if_any()
     return req.request_id, req.tenant_id
+
+
+def batch_items(req: pb.SettleBatchRequest) -> None:
+    """The envelope of a SettleBatch (the items are validated one by one: `batch_op`)."""
+    v = Violations()
+    v.require(
+        1 <= len(req.items) <= MAX_BATCH_ITEMS, "items", f"must hold 1-{MAX_BATCH_ITEMS} items"
+    )
+    v.raise_if_any()
+
+
+def batch_op(item: pb.SettleBatchItem, limits: Limits) -> BatchOp | ServiceError:
+    """One SettleBatch item as the unary call would validate it, or its InvalidArgument."""
+    try:
+        kind = item.WhichOneof("call")
+        if kind == "settle":
+            return settle_input(item.settle, limits)
+        if kind == "release":
+            return ReleaseInput(*release_input(item.release))
+    except ServiceError as err:
+        return err
+    return InvalidArgument([FieldViolation("call", "one of settle or release is required")])
 
 
 def usage_query(req: pb.GetUsageRequest, limits: Limits) -> UsageQuery:

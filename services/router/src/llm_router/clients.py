@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from prometheus_client import Counter
@@ -19,6 +19,7 @@ from llm_common.errors import (
 from llm_common.resilience import AsyncBreaker, BreakerOpen
 from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error, is_client_error
 from llm_router.load import LoadSnapshot
+from llm_router.settle_batch import BillingCall, ItemResult
 from llm_router.token_memo import TokenMemo, memo_key
 from llmapi.auth.v1 import auth_service_pb2 as auth_pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as auth_grpc
@@ -199,6 +200,54 @@ class BillingClient:
             self._breaker, self.service, lambda: self._stub.Release(request, timeout=timeout_s)
         )
         return response.released
+
+    async def settle_batch(
+        self, calls: Sequence[BillingCall], timeout_s: float
+    ) -> list[ItemResult]:
+        """Settle/Release many requests in one call; per call its response or the domain
+        error the unary call would have raised. A failure of the whole call is raised."""
+        request = billing_pb.SettleBatchRequest(items=[_batch_item(c) for c in calls])
+        response = await _guarded(
+            self._breaker, self.service, lambda: self._stub.SettleBatch(request, timeout=timeout_s)
+        )
+        if len(response.results) != len(calls):  # a broken billing: treat it as down
+            raise DependencyUnavailable(self.service)
+        return [_item_result(r, self.service) for r in response.results]
+
+
+def _batch_item(call: BillingCall) -> billing_pb.SettleBatchItem:
+    if isinstance(call, billing_pb.SettleRequest):
+        return billing_pb.SettleBatchItem(settle=call)
+    return billing_pb.SettleBatchItem(release=call)
+
+
+def _item_result(result: billing_pb.SettleBatchResult, service: str) -> ItemResult:
+    if result.status.code != grpc.StatusCode.OK.value[0]:
+        return from_rpc_error(_ItemStatusError(result.status), service)
+    if result.WhichOneof("response") == "release":
+        return result.release
+    return result.settle
+
+
+class _ItemStatusError(grpc.RpcError):
+    """A SettleBatch item's status as a caught RpcError, so that it maps to the same domain
+    error (details included) as a failed unary call."""
+
+    def __init__(self, status: billing_pb.BatchItemStatus) -> None:
+        super().__init__(status.message)
+        self._status = status
+        codes = {c.value[0]: c for c in grpc.StatusCode}
+        self._code = codes.get(status.code, grpc.StatusCode.UNKNOWN)
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._status.message
+
+    def trailing_metadata(self) -> tuple[Any, ...]:  # (key, value) pairs
+        # BatchItemStatus has google.rpc.Status's wire format.
+        return (("grpc-status-details-bin", self._status.SerializeToString()),)
 
 
 class CacheClient:

@@ -18,6 +18,7 @@ from llm_common.config import (
     env_optional_port,
     env_str,
 )
+from llm_router.settle_batch import MAX_BATCH_ITEMS
 from llm_router.token_memo import MemoSettings
 
 SERVICE_NAME = "router"
@@ -27,6 +28,8 @@ DEFAULT_MODELS_CONFIG = "infra/config/models.yaml"
 DEFAULT_POLICIES_CONFIG = "infra/config/policies.yaml"
 DEFAULT_MODEL_ROOT = ".cache/models"
 DEFAULT_OUTBOX_DIR = ".cache/router-outbox"
+# A settle waits at most this long for others to share its SettleBatch call.
+MAX_SETTLE_BATCH_WAIT_MS = 1000.0
 _DISABLED = frozenset({"off", "none", "disabled"})
 BALANCERS = ("expected_wait", "round_robin")
 
@@ -163,6 +166,10 @@ class DownstreamSettings:
     call_timeout_s: float = 5.0  # each unary downstream call, capped by the caller's deadline
     request_timeout_s: float = 300.0  # whole request when the caller sent no deadline
     settle_timeout_s: float = 5.0  # settlement calls, which outlive the caller's deadline
+    # Settlements share SettleBatch calls: one goes out when this many are queued or
+    # `settle_batch_wait_ms` after the first, whichever comes first. 0: one call each.
+    settle_batch_max: int = 64
+    settle_batch_wait_ms: float = 2.0
     breaker_fail_max: int = 5
     breaker_reset_s: float = 10.0
     quota_fail_open: bool = True  # admit when auth's token quota cannot be checked
@@ -190,6 +197,14 @@ class DownstreamSettings:
             raise ConfigError.for_variable("ROUTER_SPECULATE_BELOW_HIT_RATE", "must be in [0, 1]")
         if self.breaker_fail_max < 1:
             raise ConfigError.for_variable("ROUTER_BREAKER_FAIL_MAX", "must be >= 1")
+        if not 0 <= self.settle_batch_max <= MAX_BATCH_ITEMS:
+            raise ConfigError.for_variable(
+                "ROUTER_SETTLE_BATCH_MAX", f"must be in 0..{MAX_BATCH_ITEMS} (0: no batching)"
+            )
+        if not 0.0 <= self.settle_batch_wait_ms <= MAX_SETTLE_BATCH_WAIT_MS:
+            raise ConfigError.for_variable(
+                "ROUTER_SETTLE_BATCH_WAIT_MS", f"must be in 0..{MAX_SETTLE_BATCH_WAIT_MS:g}"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -202,6 +217,10 @@ class DownstreamSettings:
             call_timeout_s=env_float(environ, "ROUTER_CALL_TIMEOUT_S", d.call_timeout_s),
             request_timeout_s=env_float(environ, "ROUTER_REQUEST_TIMEOUT_S", d.request_timeout_s),
             settle_timeout_s=env_float(environ, "ROUTER_SETTLE_TIMEOUT_S", d.settle_timeout_s),
+            settle_batch_max=env_int(environ, "ROUTER_SETTLE_BATCH_MAX", d.settle_batch_max),
+            settle_batch_wait_ms=env_float(
+                environ, "ROUTER_SETTLE_BATCH_WAIT_MS", d.settle_batch_wait_ms, min_value=0.0
+            ),
             breaker_fail_max=env_int(environ, "ROUTER_BREAKER_FAIL_MAX", d.breaker_fail_max),
             breaker_reset_s=env_float(environ, "ROUTER_BREAKER_RESET_S", d.breaker_reset_s),
             quota_fail_open=env_bool(environ, "ROUTER_QUOTA_FAIL_OPEN", d.quota_fail_open),

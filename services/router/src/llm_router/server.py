@@ -42,6 +42,7 @@ from llm_router.policies import PolicyBook, load_policies
 from llm_router.prefix import AffinityTable
 from llm_router.selection import ReplicaSelector
 from llm_router.service import LLMServicer, ServiceDeps
+from llm_router.settle_batch import SettleBatcher
 from llm_router.settlement import Settler
 from llm_router.token_memo import TokenMemo
 from llmapi.llm.v1 import llm_service_pb2 as pb
@@ -67,6 +68,7 @@ class Runtime:
     selector: ReplicaSelector
     watcher: LoadWatcher
     spool: BillingSpool
+    settler: Settler
     background: Background
     settle_timeout_s: float
     channels: list[grpc.aio.Channel] = field(default_factory=list)
@@ -89,7 +91,9 @@ class Runtime:
         if self.http is not None:  # no new HTTP requests while the rest drains
             await self.http.close()
         await self.watcher.stop()
-        # Settlements of the last requests still go out (or into the outbox) before exit.
+        # Settlements of the last requests still go out (or into the outbox) before exit:
+        # the queued ones now, not after the batch wait.
+        await self.settler.flush()
         await self.background.drain(self.settle_timeout_s * 2)
         await self.spool.stop()
         await self.spool.outbox.close()
@@ -151,10 +155,30 @@ async def build_runtime(
         cache = CacheClient(channel(d.cache_addr), d.call_timeout_s, breakers["cache"])
 
     outbox = await Outbox.open(settings.outbox_dir / OUTBOX_FILE)
-    spool = BillingSpool(outbox, billing, timeout_s=d.settle_timeout_s, metrics=metrics)
+    spool = BillingSpool(
+        outbox,
+        billing,
+        timeout_s=d.settle_timeout_s,
+        metrics=metrics,
+        batch_max=d.settle_batch_max,
+    )
     background = Background()
+    batcher = None
+    if d.settle_batch_max > 0:
+        batcher = SettleBatcher(
+            billing,
+            max_items=d.settle_batch_max,
+            wait_s=d.settle_batch_wait_ms / 1000,
+            timeout_s=d.settle_timeout_s,
+        )
     settler = Settler(
-        billing, quota, spool, timeout_s=d.settle_timeout_s, metrics=metrics, background=background
+        billing,
+        quota,
+        spool,
+        timeout_s=d.settle_timeout_s,
+        metrics=metrics,
+        background=background,
+        batcher=batcher,
     )
     admitter = Admitter(quota, billing, settler, metrics, quota_fail_open=d.quota_fail_open)
 
@@ -208,6 +232,7 @@ async def build_runtime(
         selector=selector,
         watcher=watcher,
         spool=spool,
+        settler=settler,
         background=background,
         settle_timeout_s=d.settle_timeout_s,
         channels=channels,

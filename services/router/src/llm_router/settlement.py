@@ -14,6 +14,7 @@ from llm_common.logging import get_logger
 from llm_router.background import Background
 from llm_router.clients import BillingClient, QuotaClient
 from llm_router.observability import RouterMetrics
+from llm_router.settle_batch import SettleBatcher
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.common.v1 import common_pb2
 
@@ -55,7 +56,8 @@ class Outcome:
 
 
 class Settler:
-    """Settles in the background so the response is not held up by billing."""
+    """Settles in the background so the response is not held up by billing; with a
+    `batcher`, settles and releases share SettleBatch calls (else one call each)."""
 
     def __init__(
         self,
@@ -66,8 +68,10 @@ class Settler:
         timeout_s: float,
         metrics: RouterMetrics,
         background: Background,
+        batcher: SettleBatcher | None = None,
     ) -> None:
         self._billing = billing
+        self._batcher = batcher
         self._quota = quota
         self._spool = spool
         self._timeout_s = timeout_s
@@ -95,12 +99,7 @@ class Settler:
 
     async def _deliver(self, request: billing_pb.SettleRequest | billing_pb.ReleaseRequest) -> None:
         try:
-            if isinstance(request, billing_pb.SettleRequest):
-                await self._billing.settle(request, self._timeout_s)
-                self._metrics.settlements.labels("settled").inc()
-            else:
-                await self._billing.release(request.request_id, request.tenant_id, self._timeout_s)
-                self._metrics.settlements.labels("released").inc()
+            await self._send(request)
         except (Unavailable, DeadlineExceeded):
             await self._to_spool(request)
         except ServiceError as err:
@@ -112,6 +111,23 @@ class Settler:
                 code=err.code.name,
                 error=err.message,
             )
+            return
+        settled = isinstance(request, billing_pb.SettleRequest)
+        self._metrics.settlements.labels("settled" if settled else "released").inc()
+
+    async def _send(self, request: billing_pb.SettleRequest | billing_pb.ReleaseRequest) -> None:
+        if self._batcher is not None:
+            await self._batcher.submit(request)
+        elif isinstance(request, billing_pb.SettleRequest):
+            await self._billing.settle(request, self._timeout_s)
+        else:
+            await self._billing.release(request.request_id, request.tenant_id, self._timeout_s)
+
+    async def flush(self) -> None:
+        """Send the queued settlements now (shutdown); `Background.drain` then waits for
+        their tasks."""
+        if self._batcher is not None:
+            await self._batcher.flush()
 
     async def _to_spool(
         self, request: billing_pb.SettleRequest | billing_pb.ReleaseRequest

@@ -4,6 +4,7 @@ isort:skip_file
 Usage metering, budgets and prices."""
 
 from collections import abc as _abc
+from google.protobuf import any_pb2 as _any_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
@@ -300,6 +301,158 @@ class ReleaseResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReleaseResponse: _TypeAlias = ReleaseResponse  # noqa: Y015
+
+@_typing.final
+class SettleBatchRequest(_message.Message):
+    """Settle or Release many requests at once."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___SettleBatchItem]:
+        """1-256 items, applied in order (a request id may appear more than once:
+        the later item sees the earlier one's effect, e.g. a duplicate Settle).
+        """
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___SettleBatchItem] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleBatchRequest: _TypeAlias = SettleBatchRequest  # noqa: Y015
+
+@_typing.final
+class SettleBatchItem(_message.Message):
+    """One Settle or Release of a batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SETTLE_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def settle(self) -> Global___SettleRequest: ...
+    @_builtins.property
+    def release(self) -> Global___ReleaseRequest: ...
+    def __init__(
+        self,
+        *,
+        settle: Global___SettleRequest | None = ...,
+        release: Global___ReleaseRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "release", b"release", "settle", b"settle"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["call", b"call", "release", b"release", "settle", b"settle"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_call: _TypeAlias = _typing.Literal["settle", "release"]  # noqa: Y015
+    _WhichOneofArgType_call: _TypeAlias = _typing.Literal["call", b"call"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_call) -> _WhichOneofReturnType_call | None: ...
+
+Global___SettleBatchItem: _TypeAlias = SettleBatchItem  # noqa: Y015
+
+@_typing.final
+class SettleBatchResponse(_message.Message):
+    """The results of a batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___SettleBatchResult]:
+        """One per item, in the order of the request's items."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___SettleBatchResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SettleBatchResponse: _TypeAlias = SettleBatchResponse  # noqa: Y015
+
+@_typing.final
+class SettleBatchResult(_message.Message):
+    """The outcome of one item."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    SETTLE_FIELD_NUMBER: _builtins.int
+    RELEASE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def status(self) -> Global___BatchItemStatus:
+        """OK, or the error the unary Settle/Release would have returned for this
+        item (e.g. INVALID_ARGUMENT with BadRequest whose field names are those
+        of the SettleRequest/ReleaseRequest, NOT_FOUND, FAILED_PRECONDITION,
+        UNAVAILABLE: retry the item).
+        """
+
+    @_builtins.property
+    def settle(self) -> Global___SettleResponse: ...
+    @_builtins.property
+    def release(self) -> Global___ReleaseResponse: ...
+    def __init__(
+        self,
+        *,
+        status: Global___BatchItemStatus | None = ...,
+        settle: Global___SettleResponse | None = ...,
+        release: Global___ReleaseResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["release", b"release", "response", b"response", "settle", b"settle", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["release", b"release", "response", b"response", "settle", b"settle", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_response: _TypeAlias = _typing.Literal["settle", "release"]  # noqa: Y015
+    _WhichOneofArgType_response: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_response) -> _WhichOneofReturnType_response | None: ...
+
+Global___SettleBatchResult: _TypeAlias = SettleBatchResult  # noqa: Y015
+
+@_typing.final
+class BatchItemStatus(_message.Message):
+    """A per-item status with the fields, numbers and types of google.rpc.Status,
+    so its bytes parse as a google.rpc.Status (and its details are the usual
+    google.rpc error details). Declared here so the contracts build offline
+    without a googleapis dependency.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CODE_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    DETAILS_FIELD_NUMBER: _builtins.int
+    code: _builtins.int
+    """A google.rpc.Code value; 0 (OK) on success."""
+    message: _builtins.str
+    """Developer-facing message; empty on success."""
+    @_builtins.property
+    def details(self) -> _containers.RepeatedCompositeFieldContainer[_any_pb2.Any]:
+        """google.rpc error details (BadRequest, ResourceInfo, ...)."""
+
+    def __init__(
+        self,
+        *,
+        code: _builtins.int = ...,
+        message: _builtins.str = ...,
+        details: _abc.Iterable[_any_pb2.Any] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["code", b"code", "details", b"details", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___BatchItemStatus: _TypeAlias = BatchItemStatus  # noqa: Y015
 
 @_typing.final
 class GetUsageRequest(_message.Message):

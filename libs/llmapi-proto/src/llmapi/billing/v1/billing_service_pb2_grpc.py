@@ -64,6 +64,11 @@ class BillingServiceStub:
                 request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReleaseRequest.SerializeToString,
                 response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
+        self.SettleBatch = channel.unary_unary(
+                '/llmapi.billing.v1.BillingService/SettleBatch',
+                request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchRequest.SerializeToString,
+                response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchResponse.FromString,
+                _registered_method=True)
         self.GetUsage = channel.unary_unary(
                 '/llmapi.billing.v1.BillingService/GetUsage',
                 request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetUsageRequest.SerializeToString,
@@ -136,6 +141,19 @@ class BillingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SettleBatch(self, request, context):
+        """Settle and Release many requests in one call (the router coalesces its
+        background settlements). Each item is validated and applied exactly as
+        the unary Settle or Release would be, idempotent the same way, and gets
+        its own status in `results`: a bad item never fails its neighbours. The
+        call itself fails only for a bad envelope (INVALID_ARGUMENT: no items or
+        more than 256) or when the ledger is unreachable before any item was
+        applied (UNAVAILABLE: retry the whole batch).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetUsage(self, request, context):
         """Aggregated usage over a time range.
         """
@@ -188,6 +206,11 @@ def add_BillingServiceServicer_to_server(servicer, server):
                     servicer.Release,
                     request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReleaseRequest.FromString,
                     response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReleaseResponse.SerializeToString,
+            ),
+            'SettleBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.SettleBatch,
+                    request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchRequest.FromString,
+                    response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchResponse.SerializeToString,
             ),
             'GetUsage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetUsage,
@@ -311,6 +334,33 @@ class BillingService:
             '/llmapi.billing.v1.BillingService/Release',
             llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReleaseRequest.SerializeToString,
             llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReleaseResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SettleBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.billing.v1.BillingService/SettleBatch',
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchRequest.SerializeToString,
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -62,6 +62,15 @@ class BillingServiceStub:
     """
     Release: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.ReleaseRequest, _billing_service_pb2.ReleaseResponse]
     """Cancel a reservation that produced no usage (refunds an expired charge)."""
+    SettleBatch: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.SettleBatchRequest, _billing_service_pb2.SettleBatchResponse]
+    """Settle and Release many requests in one call (the router coalesces its
+    background settlements). Each item is validated and applied exactly as
+    the unary Settle or Release would be, idempotent the same way, and gets
+    its own status in `results`: a bad item never fails its neighbours. The
+    call itself fails only for a bad envelope (INVALID_ARGUMENT: no items or
+    more than 256) or when the ledger is unreachable before any item was
+    applied (UNAVAILABLE: retry the whole batch).
+    """
     GetUsage: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetUsageRequest, _billing_service_pb2.GetUsageResponse]
     """Aggregated usage over a time range."""
     GetBudget: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetBudgetRequest, _billing_service_pb2.GetBudgetResponse]
@@ -107,6 +116,15 @@ class BillingServiceAsyncStub(BillingServiceStub):
     """
     Release: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.ReleaseRequest, _billing_service_pb2.ReleaseResponse]  # type: ignore[assignment]
     """Cancel a reservation that produced no usage (refunds an expired charge)."""
+    SettleBatch: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.SettleBatchRequest, _billing_service_pb2.SettleBatchResponse]  # type: ignore[assignment]
+    """Settle and Release many requests in one call (the router coalesces its
+    background settlements). Each item is validated and applied exactly as
+    the unary Settle or Release would be, idempotent the same way, and gets
+    its own status in `results`: a bad item never fails its neighbours. The
+    call itself fails only for a bad envelope (INVALID_ARGUMENT: no items or
+    more than 256) or when the ledger is unreachable before any item was
+    applied (UNAVAILABLE: retry the whole batch).
+    """
     GetUsage: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetUsageRequest, _billing_service_pb2.GetUsageResponse]  # type: ignore[assignment]
     """Aggregated usage over a time range."""
     GetBudget: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetBudgetRequest, _billing_service_pb2.GetBudgetResponse]  # type: ignore[assignment]
@@ -167,6 +185,21 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_billing_service_pb2.ReleaseResponse, _abc.Awaitable[_billing_service_pb2.ReleaseResponse]]:
         """Cancel a reservation that produced no usage (refunds an expired charge)."""
+
+    @_abc_1.abstractmethod
+    def SettleBatch(
+        self,
+        request: _billing_service_pb2.SettleBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_billing_service_pb2.SettleBatchResponse, _abc.Awaitable[_billing_service_pb2.SettleBatchResponse]]:
+        """Settle and Release many requests in one call (the router coalesces its
+        background settlements). Each item is validated and applied exactly as
+        the unary Settle or Release would be, idempotent the same way, and gets
+        its own status in `results`: a bad item never fails its neighbours. The
+        call itself fails only for a bad envelope (INVALID_ARGUMENT: no items or
+        more than 256) or when the ledger is unreachable before any item was
+        applied (UNAVAILABLE: retry the whole batch).
+        """
 
     @_abc_1.abstractmethod
     def GetUsage(

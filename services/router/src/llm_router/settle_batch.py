@@ -1,0 +1,101 @@
+"""Coalesce background settlements into SettleBatch calls.
+
+grpc-python spends about as much CPU per unary call on each side as billing spends on the
+ledger, so one call per settle caps billing's throughput; settles are off the request's
+critical path, so waiting a couple of milliseconds to share a call costs the caller nothing.
+A batch goes out when `max_items` are queued or `wait_s` after its first item, whichever
+comes first; each caller gets its own item's outcome (a response, or the ServiceError the
+unary call would have raised).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Protocol
+
+from llmapi.billing.v1 import billing_service_pb2 as billing_pb
+
+BillingCall = billing_pb.SettleRequest | billing_pb.ReleaseRequest
+CallResponse = billing_pb.SettleResponse | billing_pb.ReleaseResponse
+# Per item: its response, or the error the unary call would have raised.
+ItemResult = CallResponse | Exception
+MAX_BATCH_ITEMS = 256  # billing's limit per SettleBatch
+
+
+class BatchSender(Protocol):
+    """Sends one SettleBatch (BillingClient.settle_batch)."""
+
+    async def settle_batch(
+        self, calls: Sequence[BillingCall], timeout_s: float
+    ) -> list[ItemResult]: ...
+
+
+class SettleBatcher:
+    """Queues Settle/Release calls and sends them as SettleBatch calls.
+
+    A failure of the whole call (e.g. UNAVAILABLE) is raised to every caller of that batch,
+    exactly as the unary call would have raised it to each."""
+
+    def __init__(
+        self, sender: BatchSender, *, max_items: int, wait_s: float, timeout_s: float
+    ) -> None:
+        if not 1 <= max_items <= MAX_BATCH_ITEMS:
+            raise ValueError(f"max_items must be in 1..{MAX_BATCH_ITEMS}")
+        self._sender = sender
+        self._max_items = max_items
+        self._wait_s = wait_s
+        self._timeout_s = timeout_s
+        self._queue: list[tuple[BillingCall, asyncio.Future[CallResponse]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self.batches_sent = 0
+
+    def __len__(self) -> int:
+        """Calls queued, not yet sent."""
+        return len(self._queue)
+
+    async def submit(self, call: BillingCall) -> CallResponse:
+        """Queue `call`; its response once its batch is answered, else its ServiceError."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[CallResponse] = loop.create_future()
+        self._queue.append((call, future))
+        if len(self._queue) >= self._max_items:
+            self._send_queued()
+        elif self._timer is None:
+            self._timer = loop.call_later(self._wait_s, self._send_queued)
+        return await future
+
+    async def flush(self) -> None:
+        """Send what is queued now and wait for every batch in flight (shutdown)."""
+        self._send_queued()
+        if self._in_flight:
+            await asyncio.wait(set(self._in_flight))
+
+    def _send_queued(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._queue:
+            return
+        batch, self._queue = self._queue, []
+        task = asyncio.get_running_loop().create_task(self._send(batch))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _send(self, batch: list[tuple[BillingCall, asyncio.Future[CallResponse]]]) -> None:
+        self.batches_sent += 1
+        try:
+            results = await self._sender.settle_batch([c for c, _ in batch], self._timeout_s)
+        except Exception as exc:  # the whole call failed: each caller sees it as its own
+            for _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, future), result in zip(batch, results, strict=True):
+            if future.done():  # its caller was cancelled
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            else:
+                future.set_result(result)

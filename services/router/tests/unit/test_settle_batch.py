@@ -1,0 +1,120 @@
+"""SettleBatcher's flush rules (size or time, whichever first; whole-call failures to every
+caller) and the ROUTER_SETTLE_BATCH_* settings. The billing side is in
+tests/integration/test_settle_batching.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+
+from llm_common.config import ConfigError
+from llm_common.errors import InvalidArgument, Unavailable
+from llm_router.config import Settings
+from llm_router.settle_batch import BillingCall, ItemResult, SettleBatcher
+from llmapi.billing.v1 import billing_service_pb2 as billing_pb
+
+REQUIRED = {"TOKENIZER_SERVICE_ADDR": "tok:1", "BILLING_SERVICE_ADDR": "bill:1",
+            "AUTH_SERVICE_ADDR": "off", "CACHE_SERVICE_ADDR": "off"}  # fmt: skip
+
+
+class RecordingSender:
+    """Answers each settle with its request id; refuses ids starting with `bad`."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.down = False
+
+    async def settle_batch(
+        self, calls: Sequence[BillingCall], timeout_s: float
+    ) -> list[ItemResult]:
+        self.calls.append([c.request_id for c in calls])
+        if self.down:
+            raise Unavailable("billing is unavailable")
+        return [
+            InvalidArgument([]) if c.request_id.startswith("bad")
+            else billing_pb.SettleResponse(request_id=c.request_id)
+            for c in calls
+        ]  # fmt: skip
+
+
+def settle(rid: str) -> billing_pb.SettleRequest:
+    return billing_pb.SettleRequest(request_id=rid)
+
+
+async def test_a_full_queue_goes_out_at_once() -> None:
+    sender = RecordingSender()
+    batcher = SettleBatcher(sender, max_items=4, wait_s=60.0, timeout_s=1.0)
+    replies = await asyncio.wait_for(
+        asyncio.gather(*(batcher.submit(settle(f"r{i}")) for i in range(8))), timeout=5
+    )
+    assert sender.calls == [["r0", "r1", "r2", "r3"], ["r4", "r5", "r6", "r7"]]
+    assert [r.request_id for r in replies] == [f"r{i}" for i in range(8)]  # type: ignore[union-attr]
+
+
+async def test_a_partial_queue_goes_out_after_the_wait() -> None:
+    sender = RecordingSender()
+    batcher = SettleBatcher(sender, max_items=64, wait_s=0.01, timeout_s=1.0)
+    first = asyncio.ensure_future(batcher.submit(settle("r0")))
+    await asyncio.sleep(0)
+    assert sender.calls == []
+    assert len(batcher) == 1
+    second = asyncio.ensure_future(batcher.submit(settle("r1")))
+    await asyncio.wait_for(asyncio.gather(first, second), timeout=5)
+    assert sender.calls == [["r0", "r1"]]
+    assert len(batcher) == 0
+
+
+async def test_each_caller_gets_its_own_outcome() -> None:
+    sender = RecordingSender()
+    batcher = SettleBatcher(sender, max_items=3, wait_s=60.0, timeout_s=1.0)
+    results = await asyncio.gather(
+        *(batcher.submit(settle(rid)) for rid in ("r0", "bad", "r2")), return_exceptions=True
+    )
+    assert isinstance(results[1], InvalidArgument)
+    assert [r.request_id for r in (results[0], results[2])] == ["r0", "r2"]  # type: ignore[union-attr]
+
+
+async def test_a_failed_call_fails_every_item_of_it() -> None:
+    sender = RecordingSender()
+    sender.down = True
+    batcher = SettleBatcher(sender, max_items=2, wait_s=60.0, timeout_s=1.0)
+    results = await asyncio.gather(
+        batcher.submit(settle("r0")), batcher.submit(settle("r1")), return_exceptions=True
+    )
+    assert all(isinstance(r, Unavailable) for r in results)
+
+
+async def test_flush_sends_the_queue_now() -> None:
+    sender = RecordingSender()
+    batcher = SettleBatcher(sender, max_items=64, wait_s=60.0, timeout_s=1.0)
+    pending = asyncio.ensure_future(batcher.submit(settle("r0")))
+    await asyncio.sleep(0)
+    await asyncio.wait_for(batcher.flush(), timeout=5)
+    assert (await pending).request_id == "r0"  # type: ignore[union-attr]
+    assert sender.calls == [["r0"]]
+
+
+def test_batching_is_on_by_default_and_configurable() -> None:
+    default = Settings.from_env(REQUIRED).downstream
+    assert (default.settle_batch_max, default.settle_batch_wait_ms) == (64, 2.0)
+    custom = Settings.from_env(
+        {**REQUIRED, "ROUTER_SETTLE_BATCH_MAX": "0", "ROUTER_SETTLE_BATCH_WAIT_MS": "5"}
+    ).downstream
+    assert (custom.settle_batch_max, custom.settle_batch_wait_ms) == (0, 5.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "variable"),
+    [
+        ({"ROUTER_SETTLE_BATCH_MAX": "257"}, "ROUTER_SETTLE_BATCH_MAX"),
+        ({"ROUTER_SETTLE_BATCH_MAX": "-1"}, "ROUTER_SETTLE_BATCH_MAX"),
+        ({"ROUTER_SETTLE_BATCH_WAIT_MS": "-1"}, "ROUTER_SETTLE_BATCH_WAIT_MS"),
+        ({"ROUTER_SETTLE_BATCH_WAIT_MS": "5000"}, "ROUTER_SETTLE_BATCH_WAIT_MS"),
+    ],
+)
+def test_bad_batch_settings_name_the_variable(overrides: dict[str, str], variable: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        Settings.from_env({**REQUIRED, **overrides})
+    assert str(exc.value).startswith(variable)
