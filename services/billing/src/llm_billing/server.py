@@ -31,7 +31,9 @@ from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["BillingService"].full_name
 # The per-request calls (thousands a second) log their access line at DEBUG, like auth's
 # Check; they are still counted in llm_rpc_* metrics, and failures log on their own.
-QUIET_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Reserve", "Settle", "Release"))
+QUIET_METHODS = frozenset(
+    f"/{SERVICE_NAME}/{m}" for m in ("Reserve", "Settle", "Release", "SettleBatch")
+)
 REDIS_WAIT = Backoff(base=0.2, cap=2.0, jitter=0.2, max_attempts=15)  # about 25 s in all
 _log = get_logger(__name__)
 
