@@ -217,7 +217,10 @@ async def limiter_rate(redis_url: str, prefix: str, seconds: float) -> dict[str,
         async def hit() -> None:
             await limiter.hit("bench", [bucket], 1)
 
-        return await rate(hit, 16, seconds)
+        try:
+            return await rate(hit, 16, seconds)
+        finally:
+            await limiter.aclose()
     finally:
         await client.aclose()
 

@@ -5,6 +5,7 @@ lost or hung connection fails the calls in flight and is replaced by the next ca
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import signal
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -15,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llm_common.redis_mux import Endpoint, PoolPipeline, RedisMux, pipelined
+from llm_common.redis_mux import Endpoint, PoolPipeline, RedisMux, execute_scripts, pipelined
 
 pytestmark = pytest.mark.integration
 
@@ -63,6 +64,34 @@ async def test_an_error_reply_belongs_to_its_command_only(mux: RedisMux, redis_p
     assert isinstance(replies[1], ResponseError)
     assert isinstance(replies[2], NoScriptError)
     assert replies[3] == "x"
+
+
+async def test_binary_values_come_back_as_bytes_without_decoding(
+    redis_client: redis.asyncio.Redis, redis_prefix: str
+) -> None:
+    endpoint = Endpoint.of(redis_client)
+    assert endpoint is not None
+    raw = RedisMux(endpoint, decode=False)
+    key, value = f"{redis_prefix}mux:bin", bytes(range(256))
+    try:
+        await redis_client.set(key, value)
+        replies = await raw.execute([["GET", key], ["EVALSHA", "0" * 40, 0], ["PING"]])
+        assert replies[0] == value
+        assert isinstance(replies[1], NoScriptError)  # error replies are still recognised
+        assert replies[2] == b"PONG"
+    finally:
+        await raw.aclose()
+
+
+async def test_a_binary_reply_on_a_decoding_mux_fails_at_once(
+    mux: RedisMux, redis_client: redis.asyncio.Redis, redis_prefix: str
+) -> None:
+    key = f"{redis_prefix}mux:bin"
+    await redis_client.set(key, b"\xc8\xff")
+    async with asyncio.timeout(0.5):  # well before the connection's timeout (the watchdog)
+        with pytest.raises(RedisConnectionError):
+            await mux.execute([["GET", key]])
+    assert await mux.execute([["PING"]]) == ["PONG"]  # a new connection
 
 
 async def test_a_killed_connection_fails_and_the_next_call_reconnects(
@@ -140,3 +169,45 @@ async def test_tls_urls_use_the_pool(redis_client: redis.asyncio.Redis) -> None:
     replies = await PoolPipeline(redis_client).execute([["PING"], ["EVALSHA", "0" * 40, 0]])
     assert replies[0] in ("PONG", True)
     assert isinstance(replies[1], NoScriptError)
+
+
+async def test_execute_scripts_loads_an_unknown_script_and_sends_again(
+    mux: RedisMux, redis_client: redis.asyncio.Redis, redis_prefix: str
+) -> None:
+    # A script body no one has loaded: Redis answers NOSCRIPT, as after a restart.
+    body = f"return ARGV[1] .. '{redis_prefix}'"
+    sha = hashlib.sha1(body.encode()).hexdigest()
+    loads = 0
+
+    async def load() -> None:
+        nonlocal loads
+        loads += 1
+        assert await redis_client.script_load(body) == sha
+
+    replies = await execute_scripts(mux, [["EVALSHA", sha, 0, "x"]], load, idempotent=False)
+    assert replies == [f"x{redis_prefix}"]
+    assert loads == 1
+
+
+@pytest.mark.parametrize("idempotent", [True, False])
+async def test_execute_scripts_resends_after_a_lost_connection_only_if_idempotent(
+    mux: RedisMux, redis_client: redis.asyncio.Redis, redis_prefix: str, idempotent: bool
+) -> None:
+    key = f"{redis_prefix}mux:resend"
+    (first_id,) = await mux.execute([["CLIENT", "ID"]])
+
+    async def no_scripts() -> None:
+        raise AssertionError("nothing to load")
+
+    call = asyncio.create_task(
+        execute_scripts(mux, [["BLPOP", key, 5]], no_scripts, idempotent=idempotent)
+    )
+    await asyncio.sleep(0.2)  # the BLPOP is waiting on the first connection
+    assert await redis_client.client_kill_filter(_id=first_id) == 1
+    if not idempotent:
+        with pytest.raises(RedisConnectionError):
+            await asyncio.wait_for(call, 5)
+        return
+    await asyncio.sleep(0.2)  # sent again, on a new connection
+    await redis_client.rpush(key, "v")
+    assert await asyncio.wait_for(call, 5) == [[key, "v"]]

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,10 +41,12 @@ class Pipelined(Protocol):
     async def aclose(self) -> None: ...
 
 
-def pipelined(client: redis.asyncio.Redis) -> Pipelined:
-    """RedisMux on the client's endpoint, or the client's own pool where RedisMux can't go."""
+def pipelined(client: redis.asyncio.Redis, *, decode: bool = True) -> Pipelined:
+    """RedisMux on the client's endpoint, or the client's own pool where RedisMux can't go.
+    `decode=False`: bulk replies stay bytes (binary values); the pool replies as the client
+    was configured to."""
     endpoint = Endpoint.of(client)
-    return PoolPipeline(client) if endpoint is None else RedisMux(endpoint)
+    return PoolPipeline(client) if endpoint is None else RedisMux(endpoint, decode=decode)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,14 +83,17 @@ class Endpoint:
 class _Link:
     """One open connection: its writer, the futures awaiting replies, and its reader task."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, decode: bool
+    ) -> None:
         self.writer = writer
         self.pending: deque[tuple[asyncio.Future[Any], float]] = deque()
         self.closed = False
         self.last_read = time.monotonic()
         self._out: list[bytes] = []
         self._flush_soon = False
-        self._parser = hiredis.Reader(encoding="utf-8", replyError=ResponseError)
+        encoding = "utf-8" if decode else None
+        self._parser = hiredis.Reader(encoding=encoding, replyError=ResponseError)
         self.task = asyncio.create_task(self._read(reader), name="redis-mux-reader")
 
     def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
@@ -137,6 +142,8 @@ class _Link:
             self.fail(RedisConnectionError("Redis closed the connection"))
         except (OSError, hiredis.ProtocolError) as exc:
             self.fail(RedisConnectionError(f"Redis connection lost: {type(exc).__name__}"))
+        except UnicodeDecodeError:  # binary data on a decoding mux: fail now, not at the timeout
+            self.fail(RedisConnectionError("undecodable reply (use decode=False for binary)"))
 
     def _deliver(self, reply: Any) -> None:
         future, _ = self.pending.popleft()
@@ -169,8 +176,9 @@ class PoolPipeline:
 class RedisMux:
     """Auto-pipelined calls on one lazily opened connection (see the module docstring)."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, *, decode: bool = True) -> None:
         self._endpoint = endpoint
+        self._decode = decode  # False: bulk replies are bytes
         self._link: _Link | None = None
         self._connecting = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
@@ -213,7 +221,7 @@ class RedisMux:
             ep = self._endpoint
             try:
                 async with asyncio.timeout(ep.timeout_s):
-                    link = _Link(*await self._open(ep))
+                    link = _Link(*await self._open(ep), decode=self._decode)
                     await self._handshake(link, ep)
             except (OSError, TimeoutError) as exc:
                 raise RedisConnectionError(
@@ -257,3 +265,30 @@ class RedisMux:
                 silent = now - max(link.pending[0][1], link.last_read)
                 if silent > timeout_s:
                     link.fail(RedisTimeoutError(f"no reply from Redis in {timeout_s} s"))
+
+
+async def execute_scripts(
+    hot: Pipelined,
+    commands: Sequence[Command],
+    load_scripts: Callable[[], Awaitable[None]],
+    *,
+    idempotent: bool,
+) -> list[Any]:
+    """`commands` (EVALSHA and others) in one round trip, error replies in place.
+
+    A script Redis does not know (NOSCRIPT: it restarted or flushed its scripts) did not run:
+    the scripts are loaded and the commands sent again; the other commands of the pipeline
+    did run, so callers that are not `idempotent` send one script per call. After a lost
+    connection the commands are sent once more only when `idempotent`: any of them may have
+    run before the connection broke."""
+    for attempt in range(3):
+        try:
+            replies = await hot.execute(commands)
+        except RedisConnectionError:
+            if attempt or not idempotent:
+                raise
+            continue
+        if not any(isinstance(reply, NoScriptError) for reply in replies):
+            return replies
+        await load_scripts()
+    return replies

@@ -10,6 +10,7 @@ from typing import Any
 from llm_auth import lua
 from llm_auth.keyspace import Keyspace
 from llm_auth.redis_guard import RedisGuard
+from llm_common.redis_mux import execute_scripts, pipelined
 
 MINUTE_S = 60.0
 _US = 1_000_000
@@ -89,6 +90,9 @@ class Limiter:
         self._guard = guard
         self._keys = keyspace
         client = guard.client
+        # Every edge request charges a bucket or two: one shared, auto-pipelined connection
+        # costs a fraction of redis-py's per-call CPU (see llm_common.redis_mux).
+        self._hot = pipelined(client)
         self._hit = client.register_script(lua.HIT)
         self._reserve = client.register_script(lua.RESERVE)
         self._refund = client.register_script(lua.REFUND)
@@ -142,8 +146,24 @@ class Limiter:
         keys = [self._keys.leases(tenant_id, key_id)]
         return bool(await self._run(self._release, keys, [lease_id]))
 
+    async def aclose(self) -> None:
+        await self._hot.aclose()
+
     async def _run(self, script: Any, keys: list[str], args: list[Any]) -> list[Any]:
-        reply: list[Any] = await self._guard.run(script, keys=keys, args=args)
+        reply: list[Any] = await self._guard.run(self._eval, script, keys, args)
+        return reply
+
+    async def _eval(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """One script, never resent after a lost connection: a bucket charge is not
+        idempotent (it may have been applied before the connection broke)."""
+
+        async def load() -> None:
+            script.sha = await self._guard.client.script_load(script.script)
+
+        command = ["EVALSHA", script.sha, len(keys), *keys, *args]
+        (reply,) = await execute_scripts(self._hot, [command], load, idempotent=False)
+        if isinstance(reply, Exception):
+            raise reply
         return reply
 
 

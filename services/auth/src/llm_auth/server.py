@@ -87,8 +87,9 @@ class AuthApp:
         self.key_events = KeyEventSubscriber(
             self.redis, keyspace.key_events(), self.authenticator.forget, self.authenticator.resync
         )
+        self.limiter = Limiter(self.guard, keyspace)
         self.quotas = Quotas(
-            Limiter(self.guard, keyspace),
+            self.limiter,
             self.authenticator,
             settings.limits,
             settings.rate_limit_failure_mode,
@@ -155,6 +156,7 @@ class AuthApp:
         if self.edge is not None:
             await self.edge.stop(self.settings.server.shutdown_grace_s)
         await self.key_events.stop()
+        await self.limiter.aclose()
         await self.redis.aclose()
 
     def spec(self) -> ServiceSpec:

@@ -21,9 +21,11 @@ TENANT = "acme"
 async def limiter(redis_url: str, prefix: str) -> AsyncIterator[Limiter]:
     settings = RedisSettings(url=redis_url, prefix=prefix)
     client = connect(settings)
+    limiter = Limiter(RedisGuard(client, settings), Keyspace(prefix))
     try:
-        yield Limiter(RedisGuard(client, settings), Keyspace(prefix))
+        yield limiter
     finally:
+        await limiter.aclose()
         await client.aclose()
 
 

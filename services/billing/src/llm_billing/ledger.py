@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 
 from llm_billing.config import LedgerSettings
 from llm_billing.keys import KeySpace
@@ -33,7 +31,7 @@ from llm_common.errors import (
     ServiceError,
     Unavailable,
 )
-from llm_common.redis_mux import Command, Pipelined, pipelined
+from llm_common.redis_mux import Command, Pipelined, execute_scripts, pipelined
 
 SWEEP_BATCH = 500
 # A tenant is re-added to the tenants set at most this often by one process (the SADD is
@@ -225,20 +223,11 @@ class Ledger:
         return reply, None if owner is None else str(owner)
 
     async def _run(self, commands: list[Command]) -> list[Any]:
-        """The commands in one round trip. After NOSCRIPT (Redis restarted or flushed its
-        scripts) the scripts are loaded and everything is sent again, as it is after a lost
-        connection: every command here is idempotent."""
-        for attempt in range(3):
-            try:
-                replies = await self._hot.execute(commands)
-            except RedisConnectionError:
-                if attempt:
-                    raise
-                continue
-            if not any(isinstance(reply, NoScriptError) for reply in replies):
-                return replies
-            await self._scripts.load(self._client)
-        return replies
+        """The commands in one round trip; every command here is idempotent, so they are
+        sent again after a lost connection or NOSCRIPT (see execute_scripts)."""
+        return await execute_scripts(
+            self._hot, commands, lambda: self._scripts.load(self._client), idempotent=True
+        )
 
     async def settle(self, s: SettleInput) -> Settlement:
         """Record actual usage; without a reservation it needs `s.admission` (else NotFound)."""
