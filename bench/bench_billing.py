@@ -3,8 +3,10 @@ one run: the scaled set-up (BILLING_WORKERS server processes on one port, severa
 processes) against the single-process baseline (one server process, one client process) and
 the same Ledger calls made in-process, all on the real Redis; and, on the single-process
 set-up, settles coalesced into SettleBatch calls as the router sends them (Reserve unary,
-settles queued by llm_router's SettleBatcher) and settle-only SettleBatch throughput of
-pre-reserved requests -> bench/results/billing.json and billing.png.
+settles queued by llm_router's SettleBatcher), settle-only SettleBatch throughput of
+pre-reserved requests, and an open-loop stream of settles at a fixed offered rate through the
+SettleBatcher (latency counted from when each was due) -> bench/results/billing.json and
+billing.png.
 
 Run from the repository root: `.venv/bin/python bench/bench_billing.py`.
 Goal (issue 6): >= 2,000 settles/s on 2 cores with p99 <= 5 ms.
@@ -75,6 +77,10 @@ SETTLE_ONLY_ARM = "settle_only_batch_1x1"
 BATCH_MAX = 64  # the router's ROUTER_SETTLE_BATCH_MAX default
 BATCH_WAIT_S = 0.002  # the router's ROUTER_SETTLE_BATCH_WAIT_MS default
 SETTLE_ONLY_CALLS_IN_FLIGHT = 2  # one answered while the next is on its way
+STREAM_ARM = "settle_stream_1x1"
+STREAM_RATE_PER_S = 2500.0  # offered settles/s of the open-loop arm: the goal plus 25%
+
+PRE_RESERVED = ("settle_only", "settle_stream")  # modes that settle requests reserved ahead
 
 Pair = Callable[[str, str], Awaitable[tuple[float, float]]]
 
@@ -109,7 +115,8 @@ class Work:
     count: int
     concurrency: int
     channels: int
-    mode: str = "unary"  # unary | batched | settle_only
+    mode: str = "unary"  # unary | batched | settle_only | settle_stream
+    rate_per_s: float = 0.0  # settle_stream: offered settles per second
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -162,6 +169,23 @@ def arm_report(arm: Arm) -> dict[str, Any]:
         "cpu_ms_per_pair": cpu_ms,
         "cpu_ms_per_pair_total": round(sum(cpu_ms.values()), 3),
         "server_cpu_s_by_process": [round(s, 2) for s in arm.server_cpu_by_process],
+    }
+
+
+def settle_stream_report(arm: Arm, setups: tuple[Setup, ...]) -> dict[str, Any]:
+    """Open-loop settles through the router's SettleBatcher at a fixed offered rate."""
+    (setup,) = (s for s in setups if s.name == STREAM_ARM)
+    cpu_ms = {name: round(s * 1e3 / arm.settles, 4) for name, s in arm.cpu_s.items()}
+    return {
+        "server_processes": arm.server_processes,
+        "client_processes": arm.client_processes,
+        "offered_settles_per_s": setup.rate_per_s,
+        "settles_per_s": round(arm.settles / arm.elapsed_s, 1),
+        "settles_per_call": round(arm.settles / max(1, arm.settle_calls), 2),
+        # From when each settle was due to its answer: queue wait + SettleBatch call.
+        "settle": summary(arm.settle),
+        "cpu_ms_per_settle": cpu_ms,
+        "cpu_ms_per_settle_total": round(sum(cpu_ms.values()), 4),
     }
 
 
@@ -318,6 +342,33 @@ async def drive_settle_only(
     return out
 
 
+async def drive_settle_stream(
+    billing: BillingClient, ids: list[int], prefix: str, rate_per_s: float
+) -> dict[str, Any]:
+    """Open loop, as the router's settlements arrive: settles of pre-reserved requests
+    submitted at `rate_per_s` to the router's SettleBatcher. A settle's latency counts from
+    when it was due, so a client that falls behind does not hide the wait."""
+    batcher = SettleBatcher(billing, max_items=BATCH_MAX, wait_s=BATCH_WAIT_S, timeout_s=10)
+    out: dict[str, Any] = {"reserve": [], "settle": [], "pair": [], "settles": len(ids)}
+
+    async def settle(i: int, due: float) -> None:
+        await batcher.submit(settle_request(f"{prefix}-{i}", f"bench{i % TENANTS}"))
+        out["settle"].append((time.perf_counter() - due) * 1e3)
+
+    out["start"] = start = time.perf_counter()
+    cpu = time.process_time()
+    tasks = []
+    for n, i in enumerate(ids):
+        due = start + n / rate_per_s
+        if (delay := due - time.perf_counter()) > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(settle(i, due)))
+    await asyncio.gather(*tasks)
+    out["end"], out["cpu_s"] = time.perf_counter(), time.process_time() - cpu
+    out["settle_calls"] = batcher.batches_sent
+    return out
+
+
 def direct_pair(billing: Billing) -> Pair:
     async def pair(rid: str, tenant: str) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -342,6 +393,9 @@ async def client_work(work: Work) -> dict[str, Any]:
         ids = range(work.first, work.count, work.stride)
         if work.mode == "settle_only":
             return await drive_settle_only(stubs[0], list(ids), work.prefix, work.concurrency)
+        if work.mode == "settle_stream":
+            billing = BillingClient(channels[0], timeout_s=10, breaker=None)
+            return await drive_settle_stream(billing, list(ids), work.prefix, work.rate_per_s)
         if work.mode == "batched":
             billing = BillingClient(channels[0], timeout_s=10, breaker=None)
             batcher = SettleBatcher(billing, max_items=BATCH_MAX, wait_s=BATCH_WAIT_S, timeout_s=10)
@@ -427,6 +481,7 @@ class Setup:
     client_processes: int
     channels_per_client: int
     mode: str = "unary"
+    rate_per_s: float = 0.0  # settle_stream only
 
 
 async def run_grpc_round(
@@ -438,7 +493,7 @@ async def run_grpc_round(
         concurrency = SETTLE_ONLY_CALLS_IN_FLIGHT
     works = [
         Work(setup.server.target, prefix, i, n, count, max(1, concurrency // n),
-             setup.channels_per_client, setup.mode)
+             setup.channels_per_client, setup.mode, setup.rate_per_s / n)
         for i in range(n)
     ]  # fmt: skip
     server_before, redis_before = server_cpu_s(setup.server.pid), await redis_cpu_s(redis_client)
@@ -532,10 +587,11 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 Setup("scaled", scaled, args.clients, args.channels),
                 Setup(BATCHED_ARM, single, 1, 1, mode="batched"),
                 Setup(SETTLE_ONLY_ARM, single, 1, 1, mode="settle_only"),
+                Setup(STREAM_ARM, single, 1, 1, "settle_stream", args.settle_rate),
             )
             for setup in setups:
                 warm = Arm(setup.server.workers, setup.client_processes)
-                if setup.mode == "settle_only":
+                if setup.mode in PRE_RESERVED:
                     await reserve_ahead(billing, f"w{setup.name}", args.warmup)
                 await run_grpc_round(
                     setup, clients, billing.client, f"w{setup.name}", args.warmup, 8, warm
@@ -564,13 +620,14 @@ async def compare(
     for r in range(ROUNDS):
         for s in setups:
             tag = f"{s.name}{concurrency}-{r}"
-            if s.mode == "settle_only":
+            if s.mode in PRE_RESERVED:
                 await reserve_ahead(billing, tag, per_round)
             await run_grpc_round(
                 s, clients, billing.client, tag, per_round, concurrency, arms[s.name]
             )
         await run_direct_round(billing, f"d{concurrency}-{r}", per_round, concurrency, direct)
     settle_only = settle_only_report(arms.pop(SETTLE_ONLY_ARM))
+    stream = settle_stream_report(arms.pop(STREAM_ARM), setups)
     reports = {name: arm_report(arm) for name, arm in arms.items()}
     scaled, base, batched = reports["scaled"], reports["baseline_1x1"], reports[BATCHED_ARM]
     direct_report = arm_report(direct)
@@ -580,6 +637,7 @@ async def compare(
         "grpc_baseline_1x1": base,
         BATCHED_ARM: batched,
         SETTLE_ONLY_ARM: settle_only,
+        STREAM_ARM: stream,
         "direct_in_process": direct_report,
         "grpc_added_p50_ms": round(scaled["pair"]["p50_ms"] - direct_report["pair"]["p50_ms"], 3),
         "summary": {
@@ -598,6 +656,11 @@ async def compare(
             "batched_1x1_server_cpu_ms_per_pair": batched["cpu_ms_per_pair"]["billing_server"],
             "settle_only_settles_per_s": settle_only["settles_per_s"],
             "settle_only_batch_call_p99_ms": settle_only["batch_call"]["p99_ms"],
+            "stream_offered_settles_per_s": stream["offered_settles_per_s"],
+            "stream_settles_per_s": stream["settles_per_s"],
+            "stream_settle_p50_ms": stream["settle"]["p50_ms"],
+            "stream_settle_p99_ms": stream["settle"]["p99_ms"],
+            "stream_settles_per_call": stream["settles_per_call"],
             "settle_only_server_cpu_ms_per_settle": settle_only["cpu_ms_per_settle"][
                 "billing_server"
             ],
@@ -701,6 +764,16 @@ def report(
             levels,
             (SETTLE_ONLY_ARM,),
             lambda r: r["batch_call"]["p99_ms"],
+        ),
+        _verdict(
+            "settle_stream",
+            "open loop: settles of reserved requests arriving at a fixed rate (the goal + 25%) "
+            f"into the router's SettleBatcher ({BATCH_MAX} items / {BATCH_WAIT_S * 1e3:g} ms), "
+            "1 server x 1 client process: settles/s answered and p99 of a settle from when it "
+            "was due to its answer (what the router's settlement path sees)",
+            levels,
+            (STREAM_ARM,),
+            lambda r: r["settle"]["p99_ms"],
         ),
     ]
     return {
@@ -811,6 +884,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2, help="billing server processes")
     parser.add_argument("--clients", type=int, default=2, help="benchmark client processes")
     parser.add_argument("--channels", type=int, default=4, help="connections per client")
+    parser.add_argument(
+        "--settle-rate", type=float, default=STREAM_RATE_PER_S, help="open-loop settles/s"
+    )
     parser.add_argument("--redis-url", default=None, help="default: REDIS_URL or local Redis")
     parser.add_argument("--out", type=Path, default=RESULTS / "billing.json")
     args = parser.parse_args()
