@@ -8,6 +8,7 @@ import yaml
 
 from llm_envoy import clusters, filters, layouts, listeners
 from llm_envoy.topology import (
+    AUTH_HTTP_PORT,
     MESH_INBOUND_PORT,
     ROUTER_HTTP_PORT,
     SERVICES,
@@ -104,12 +105,19 @@ def k8s_sidecar_config(service: str, namespace: str = layouts.NAMESPACE) -> Conf
         MESH_INBOUND_PORT,
         layouts.k8s_peers(service, namespace),
         http_app=service == "router",
+        http_authz=service == "auth",
     )
     listener_list = [inbound, listeners.stats_listener(layouts.STATS_PORT)]
     cluster_list = [
         clusters.plain_cluster(listeners.LOCAL_APP, Endpoint(layouts.LOOPBACK, info.grpc_port)),
         _admin_cluster(layout),
     ]
+    if service == "auth":
+        cluster_list.append(
+            clusters.plain_cluster(
+                listeners.LOCAL_AUTHZ_HTTP, Endpoint(layouts.LOOPBACK, AUTH_HTTP_PORT), http1=True
+            )
+        )
     if service == "router":
         cluster_list.append(
             clusters.plain_cluster(

@@ -16,6 +16,8 @@ from llm_envoy.topology import (
     AUTH_EDGE,
     AUTH_EDGE_HEALTH,
     AUTH_HTTP,
+    AUTH_HTTP_HEALTH_PATH,
+    AUTH_HTTP_PREFIX,
     EDGE_HTTP_PORT,
     EDGE_TLS_PORT,
     MESH_INBOUND_PORT,
@@ -94,7 +96,7 @@ def local_layout(
             AUTH_HTTP,
             (Endpoint(LOOPBACK, ports.auth_http),),
             http1=True,
-            health_path="/healthz",
+            health_path=AUTH_HTTP_HEALTH_PATH,
         )
     return Layout(
         flavour=Flavour.LOCAL,
@@ -112,14 +114,19 @@ def local_layout(
     )
 
 
+# HTTP upstreams reached through a service's sidecar: the service they belong to.
+_HTTP_UPSTREAM_SERVICE = {"router_http": "router", AUTH_HTTP: "auth"}
+
+
 def k8s_upstream(name: str, namespace: str = NAMESPACE, *, http1: bool = False) -> Upstream:
     """A service's pods through their sidecars (headless Service: Envoy balances per request)."""
-    service = "router" if name == "router_http" else name
+    service = _HTTP_UPSTREAM_SERVICE.get(name, name)
     host = f"{service}.{namespace}.svc.cluster.local"
     return Upstream(
         name,
         (Endpoint(host, MESH_INBOUND_PORT),),
         health_service=None if http1 else SERVICES[service].grpc_service,
+        health_path=AUTH_HTTP_HEALTH_PATH if name == AUTH_HTTP else None,
         http1=http1,
         dns=True,
         peer_identity=spiffe_id(namespace, service),
@@ -148,6 +155,8 @@ def k8s_edge_layout(namespace: str = NAMESPACE, admin_tenant: str = "system") ->
     """The gateway Deployment: public listeners, mTLS to the services' sidecars."""
     upstreams = {n: k8s_upstream(n, namespace) for n in ("router", "auth", "billing", "cache")}
     upstreams["router_http"] = k8s_upstream("router_http", namespace, http1=True)
+    # ext_authz on auth's HTTP listener (through auth's sidecar); rate limits on its main port.
+    upstreams[AUTH_HTTP] = k8s_upstream(AUTH_HTTP, namespace, http1=True)
     return _k8s_layout(upstreams, "llm-edge", outbound=False, admin_tenant=admin_tenant)
 
 
@@ -173,6 +182,8 @@ def k8s_peers(service: str, namespace: str = NAMESPACE) -> dict[str, Peer]:
         edge_paths = (
             "/envoy.service.auth.v3.Authorization/",
             "/envoy.service.ratelimit.v3.RateLimitService/",
+            AUTH_HTTP_PREFIX,
+            AUTH_HTTP_HEALTH_PATH,
             HEALTH_PREFIX,
             *(grpc_path(auth, m) for m in AUTH_ADMIN_METHODS),
         )

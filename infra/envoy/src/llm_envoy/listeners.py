@@ -9,6 +9,8 @@ from llm_envoy import filters
 from llm_envoy.clusters import ADMIN_CLUSTER, address
 from llm_envoy.routes import edge_routes, mesh_routes
 from llm_envoy.topology import (
+    AUTH_HTTP_HEALTH_PATH,
+    AUTH_HTTP_PREFIX,
     EDGE_CERT,
     EDGE_KEY,
     MESH_CA,
@@ -25,6 +27,7 @@ Config = dict[str, Any]
 HCM = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 LOCAL_APP = "local_app"
 LOCAL_APP_HTTP = "local_app_http"
+LOCAL_AUTHZ_HTTP = "local_authz_http"  # auth's HTTP ext_authz listener, behind auth's sidecar
 # Upstream failures Envoy answers itself; ext_authz denials (UAEX) keep auth's own body.
 _UPSTREAM_FAILURE_FLAGS = ["UH", "UF", "UO", "URX", "UT", "UC", "UPE", "UMSDR", "NR", "DT"]
 
@@ -194,14 +197,23 @@ def mesh_outbound_listener(layout: Layout) -> Config:
 
 
 def inbound_listener(
-    layout: Layout, port: int, peers: Mapping[str, Peer], *, http_app: bool
+    layout: Layout,
+    port: int,
+    peers: Mapping[str, Peer],
+    *,
+    http_app: bool,
+    http_authz: bool = False,
 ) -> Config:
-    """A pod's mTLS entry: only the mesh peers named in `peers` reach the local app."""
+    """A pod's mTLS entry: only the mesh peers named in `peers` reach the local app (and
+    its HTTP listeners: the router's OpenAI API, auth's HTTP ext_authz)."""
     routes: list[Config] = []
     if http_app:
         routes.append(
             {"match": {"prefix": "/v1/"}, "route": {"cluster": LOCAL_APP_HTTP, "timeout": "0s"}}
         )
+    if http_authz:
+        for match in ({"prefix": AUTH_HTTP_PREFIX}, {"path": AUTH_HTTP_HEALTH_PATH}):
+            routes.append({"match": match, "route": {"cluster": LOCAL_AUTHZ_HTTP, "timeout": "1s"}})
     routes.append({"match": {"prefix": "/"}, "route": {"cluster": LOCAL_APP, "timeout": "0s"}})
     http_filters = [filters.rbac_filter(peer_rules(peers)), filters.router_filter()]
     hcm = _hcm(

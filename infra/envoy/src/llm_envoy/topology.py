@@ -61,6 +61,7 @@ AUTH_EDGE_HEALTH = "envoy.service.auth.v3.Authorization"
 AUTH_HTTP = "auth_http"
 AUTH_HTTP_PORT = 50071
 AUTH_HTTP_PREFIX = "/authz"  # check path = prefix [+ ";scopes=a,b"] + the original path
+AUTH_HTTP_HEALTH_PATH = "/healthz"  # the listener's own probe, whatever the public paths are
 
 
 class Flavour(enum.Enum):
