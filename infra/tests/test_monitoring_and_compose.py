@@ -11,7 +11,7 @@ import yaml
 
 from llm_envoy.topology import ADMIN_PORT, MESH_OUTBOUND_PORT, SERVICES
 from llm_stack.catalogue import local_replicas
-from llm_stack.config import metrics_port_for
+from llm_stack.config import StackPorts, metrics_port_for
 
 REPO = Path(__file__).resolve().parents[2]
 PROMETHEUS = REPO / "infra" / "prometheus"
@@ -128,3 +128,12 @@ def test_compose_router_uses_the_mesh() -> None:
         "INFERENCE_MESH_ADDR",
     ):
         assert env[variable] == mesh
+
+
+def test_compose_auth_serves_the_listeners_the_rendered_envoy_calls() -> None:
+    # `prepare` renders the one-host config with the default plan: auth's edge and HTTP
+    # ext_authz listeners must be where that config points.
+    env = environment(compose()["auth"])
+    ports = StackPorts().envoy
+    assert env["AUTH_EDGE_PORT"] == str(ports.auth_edge)
+    assert env["AUTH_HTTP_AUTHZ_PORT"] == str(ports.auth_http)
