@@ -48,7 +48,7 @@ import numpy.typing as npt
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llm_cache import guard
+from llm_cache import guard, scripts
 from llm_cache.canonical import request_key
 from llm_cache.config import Policy, RedisSettings, SemanticSettings
 from llm_cache.encoder import Encoder, default_model_dir
@@ -334,13 +334,18 @@ def random_units(rng: np.random.Generator, n: int, dim: int) -> Vectors:
     return v / norms
 
 
-async def fill(url: str, start: int, stop: int, dim: int, seed: int) -> None:
-    """Filler entries start..stop-1, written with the service's store code (same Lua, same
-    accounting), each with a random unit vector in the queries' namespace."""
+def bench_store(url: str) -> tuple[RedisStore, Any]:
+    """The service's store code on the bench's Redis, and its redis-py client."""
     settings = RedisSettings(url=url, key_prefix=PREFIX, timeout_s=10.0)
     client = redis_client(settings)
     breaker = AsyncBreaker("bench", fail_max=10**6, metrics=BreakerMetrics(_registry()))
-    store = RedisStore(client, settings, Policy(tenant_budget_bytes=1 << 32), breaker)
+    return RedisStore(client, settings, Policy(tenant_budget_bytes=1 << 32), breaker), client
+
+
+async def fill(url: str, start: int, stop: int, dim: int, seed: int) -> None:
+    """Filler entries start..stop-1, written with the service's store code (same Lua, same
+    accounting), each with a random unit vector in the queries' namespace."""
+    store, client = bench_store(url)
     rng = np.random.default_rng(seed)
     response = pb.CachedResponse(text="x" * 200, finish_reason=common_pb2.FINISH_REASON_STOP)
     body = response.SerializeToString()
@@ -358,7 +363,41 @@ async def fill(url: str, start: int, stop: int, dim: int, seed: int) -> None:
                 entries.append(store.put(TENANT, entry))
             await asyncio.gather(*entries)
     finally:
+        await store.aclose()
         await client.aclose()
+
+
+async def store_read_cost(url: str, size: int) -> dict[str, Any]:
+    """The exact read alone, in this process: the store's path (GET_EXACT on RedisMux, under
+    the breaker and its timeout) vs the same script through redis-py's pool (what the store
+    used before). CPU per call is this process's time; Redis's own time is not in it."""
+    store, client = bench_store(url)
+    script = client.register_script(scripts.GET_EXACT)
+    ids = [request_key(chat_key(f"filler entry number {i}")).entry_id for i in range(200)]
+    keys, now = store.keys(TENANT), int(time.time() * 1000)
+
+    async def redis_py(entry_id: str) -> Any:
+        return await script(keys=[keys.entry(entry_id), keys.accounting[1]], args=[entry_id, now])
+
+    async def mux(entry_id: str) -> Any:
+        return await store.get_exact(TENANT, entry_id)
+
+    out: dict[str, Any] = {"entries": size}
+    try:
+        for name, read in (("redis_py_pool_baseline", redis_py), ("redis_mux", mux)):
+            for entry_id in ids:  # warm-up: connections, scripts
+                assert await read(entry_id)
+            cpu, times = time.process_time(), []
+            for entry_id in ids * 10:
+                started = time.perf_counter()
+                await read(entry_id)
+                times.append((time.perf_counter() - started) * 1000)
+            per_call_us = 1e6 * (time.process_time() - cpu) / len(times)
+            out[name] = summary(times) | {"cpu_us_per_read": round(per_call_us, 1)}
+    finally:
+        await store.aclose()
+        await client.aclose()
+    return out
 
 
 def _registry() -> Any:
@@ -584,6 +623,7 @@ def latency(
             if n == len(sizes) - 1:
                 precision = service_precision(stub, paraphrases, entry_of)
         row |= search_latency(encoder.dim, size, threads, encoder)
+        row["store_read"] = asyncio.run(store_read_cost(url, size))
         results.append(row)
         print(f"  {size} entries: exact p50 {row['exact_hit']['p50_ms']} ms, semantic p50 "
               f"{row['semantic_paraphrase']['p50_ms']} / {row['semantic_question']['p50_ms']} ms "

@@ -122,6 +122,7 @@ class ResponseCache:
         self._stats = stats
         self._metrics = metrics
         self._clock = clock
+        self._lookups = {kind: metrics.lookups.labels(kind.value) for kind in Kind}  # hot path
 
     async def lookup(self, key: RequestKey, options: LookupOptions) -> LookupResult:
         result = await self._lookup(key, options)
@@ -135,7 +136,7 @@ class ResponseCache:
                 misses=int(kind is Kind.MISS),
             ),
         )
-        self._metrics.lookups.labels(kind.value).inc()
+        self._lookups[kind].inc()
         if kind is Kind.MISS:
             self._metrics.misses.labels(result.reason).inc()
         return result

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -25,34 +26,54 @@ class RequestKey:
     `entry_id` is the exact key: a digest over tenant, model, the canonical prompt and every
     output-changing sampling parameter. `namespace` scopes semantic matching to one tenant,
     model, parameter class and conversation context; `semantic_text` is what gets embedded.
+    Both are derived from `source` on first use: exact lookups, the hot path, never need
+    them (`source` must not change meanwhile; the service never changes a request).
     """
 
     tenant: str
     model: str
     entry_id: str
-    namespace: str
     deterministic: bool
     replayable: bool  # False when the response would carry data a cache entry lacks
-    semantic_text: str | None
+    source: pb.CacheKey = field(repr=False, compare=False)
+    params: bytes = field(repr=False, compare=False)  # canonical sampling parameters
+    _semantic: tuple[str, str | None] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+
+    @property
+    def namespace(self) -> str:
+        return self._semantic_identity()[0]
+
+    @property
+    def semantic_text(self) -> str | None:
+        return self._semantic_identity()[1]
+
+    def _semantic_identity(self) -> tuple[str, str | None]:
+        found = self._semantic
+        if found is None:
+            context, text = _semantic_parts(self.source)
+            found = (_digest(b"ns/v1", self.tenant, self.model, self.params, context), text)
+            object.__setattr__(self, "_semantic", found)  # a cache, not a change of value
+        return found
 
 
 def request_key(key: pb.CacheKey) -> RequestKey:
     """The canonical identity of a validated CacheKey."""
     params, deterministic = _canonical_params(key.sampling)
-    context, semantic_text = _semantic_parts(key)
     exact = _digest(b"exact/v1", key.tenant_id, key.model, _prompt_bytes(key), params)
-    namespace = _digest(b"ns/v1", key.tenant_id, key.model, params, context)
     return RequestKey(
         tenant=key.tenant_id,
         model=key.model,
         entry_id=exact,
-        namespace=namespace,
         deterministic=deterministic,
         replayable=not key.sampling.logprobs,
-        semantic_text=semantic_text,
+        source=key,
+        params=params,
     )
 
 
+@functools.lru_cache(maxsize=4096)  # once per lookup (key names): a digest each time added up
 def tenant_tag(tenant: str) -> str:
     """The tenant's Redis hash tag: a digest, so any tenant id is a safe key part."""
     return _digest(b"tenant/v1", tenant)[:16]
@@ -89,6 +110,13 @@ def _canonical_params(s: common_pb2.SamplingParams) -> tuple[bytes, bool]:
     Greedy decoding (temperature 0) ignores top_p, top_k and seed, so they are left out and
     greedy requests that differ only there share entries.
     """
+    # Few distinct parameter sets recur on every request: remembered by their wire form.
+    return _params_of(s.SerializeToString(deterministic=True))
+
+
+@functools.lru_cache(maxsize=1024)
+def _params_of(serialized: bytes) -> tuple[bytes, bool]:
+    s = common_pb2.SamplingParams.FromString(serialized)
     temperature = s.temperature if s.HasField("temperature") else DEFAULT_TEMPERATURE
     params: dict[str, object] = {
         "temperature": float(np.float32(temperature)),

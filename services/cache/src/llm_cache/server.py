@@ -119,6 +119,7 @@ class CacheApp:
                 await self._sync_task
         if self.engine is not None:
             await self.engine.close()
+        await self.store.aclose()
         await self._client.aclose()
         await self._follower.aclose()
 

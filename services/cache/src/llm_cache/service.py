@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from llm_cache import validation
 from llm_cache.cache import (
@@ -139,9 +138,7 @@ def _lookup_response(result: LookupResult) -> pb.LookupResponse:
     if result.hit is not None:
         response.entry_id = result.hit.entry_id
         response.response.MergeFromString(result.hit.response)
-        created = Timestamp()
-        created.FromMilliseconds(result.hit.created_ms)
-        response.response.created_at.CopyFrom(created)
+        response.response.created_at.FromMilliseconds(result.hit.created_ms)
     return response
 
 

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from llm_cache import scripts
 from llm_cache.canonical import model_tag, tenant_tag
 from llm_cache.config import Policy, RedisSettings
+from llm_common.redis_mux import Pipelined, execute_scripts, pipelined
 from llm_common.resilience import AsyncBreaker, BreakerOpen
 
 P = ParamSpec("P")
@@ -21,6 +25,7 @@ T = TypeVar("T")
 # key headers), counted into the byte budget so that it bounds memory, not just payload.
 ENTRY_OVERHEAD_BYTES = 256
 _BATCH = 500  # ids per invalidation step: long scripts would stall every other client
+_READ_SCRIPTS = ("GET_EXACT", "GET_SEMANTIC")  # the scripts sent on the hot connection
 
 
 class StoreUnavailable(Exception):  # noqa: N818 - reads as a state
@@ -108,6 +113,10 @@ class TenantKeys:
         return f"{self.prefix}m:{model_tag(model)}"
 
     @property
+    def lru(self) -> str:
+        return f"{self.prefix}lru"  # accounting[1], without building the other three
+
+    @property
     def accounting(self) -> list[str]:
         """KEYS[1..4] of the scripts: sz, lru, exp, bytes."""
         return [f"{self.prefix}{name}" for name in ("sz", "lru", "exp", "bytes")]
@@ -121,7 +130,10 @@ class RedisStore:
     """Entries of all tenants in one Redis (or Cluster); each call is one round trip.
 
     All calls go through `breaker`: while it is open they fail at once with
-    StoreUnavailable instead of waiting for timeouts.
+    StoreUnavailable instead of waiting for timeouts. The lookups' reads (get_exact,
+    get_semantic) travel on `hot` (default: llm_common's auto-pipelined RedisMux on the
+    client's endpoint), which costs a fraction of redis-py's CPU per call; everything else
+    uses the client's pool.
     """
 
     def __init__(
@@ -132,8 +144,10 @@ class RedisStore:
         breaker: AsyncBreaker,
         *,
         clock: Callable[[], float] = time.time,
+        hot: Pipelined | None = None,
     ) -> None:
         self._client = client
+        self._hot = hot if hot is not None else pipelined(client, decode=False)
         self._settings = settings
         self._policy = policy
         self._breaker = breaker
@@ -153,6 +167,10 @@ class RedisStore:
         }
         self._known_tenants: set[str] = set()
 
+    async def aclose(self) -> None:
+        """Close the lookups' connection (the redis-py client is closed by its owner)."""
+        await self._hot.aclose()
+
     @property
     def tenants_key(self) -> str:
         return f"{self._settings.key_prefix}tenants"
@@ -165,8 +183,8 @@ class RedisStore:
 
     async def get_exact(self, tenant: str, entry_id: str) -> Hit | None:
         k = self.keys(tenant)
-        reply = await self._run(
-            "GET_EXACT", [k.entry(entry_id), k.accounting[1]], [entry_id, self._now_ms()]
+        reply = await self._read(
+            "GET_EXACT", [k.entry(entry_id), k.lru], [entry_id, self._now_ms()]
         )
         if not reply:
             return None
@@ -176,9 +194,9 @@ class RedisStore:
         self, tenant: str, query_digest: str, candidates: Sequence[str]
     ) -> SemanticFetch:
         k = self.keys(tenant)
-        args = [k.prefix, self._now_ms(), query_digest, *candidates]
-        found, response, created, missing, blocked = await self._run(
-            "GET_SEMANTIC", [k.accounting[1], k.blocked], args
+        args: list[str | int] = [k.prefix, self._now_ms(), query_digest, *candidates]
+        found, response, created, missing, blocked = await self._read(
+            "GET_SEMANTIC", [k.lru, k.blocked], args
         )
         hit = Hit(_text(found), response, int(created or 0)) if found else None
         return SemanticFetch(hit, _ids(missing), _ids(blocked))
@@ -282,6 +300,39 @@ class RedisStore:
     async def _run(self, name: str, keys: list[str], args: list[Any]) -> Any:
         script = self._scripts[name]
         return await self._call(script, keys=keys, args=args)
+
+    async def _read(self, name: str, keys: list[str], args: list[str | int]) -> Any:
+        try:
+            return await self._call(self._evalsha, name, keys, args)
+        except StoreUnavailable as exc:
+            if isinstance(exc.__cause__, RedisConnectionError):
+                await self._drop_idle_pooled()
+            raise
+
+    async def _drop_idle_pooled(self) -> None:
+        """Redis went away under the lookups' connection, so the pool's idle connections
+        are dead too, and (no retries) the next call on each would fail and count against
+        the breaker. Before lookups had their own connection, their failures cleared them."""
+        with contextlib.suppress(RedisError, OSError):
+            await self._client.connection_pool.disconnect(inuse_connections=False)
+
+    async def _evalsha(self, name: str, keys: list[str], args: list[str | int]) -> Any:
+        """One script on `hot`, within the same timeout as a pooled call (the mux's own
+        watchdog only notices a hung Redis up to half a timeout later). Not sent again after
+        a lost connection: as on the pool, there are no client retries; the breaker decides."""
+        command: list[str | int] = ["EVALSHA", self._scripts[name].sha, len(keys), *keys, *args]
+        async with asyncio.timeout(self._settings.timeout_s):
+            (reply,) = await execute_scripts(
+                self._hot, [command], self._load_read_scripts, idempotent=False
+            )
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    async def _load_read_scripts(self) -> None:
+        """After NOSCRIPT (Redis restarted or flushed its scripts)."""
+        for name in _READ_SCRIPTS:
+            await self._client.script_load(self._scripts[name].script)
 
     async def _call(self, fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
         try:
