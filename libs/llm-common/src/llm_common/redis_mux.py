@@ -292,3 +292,19 @@ async def execute_scripts(
             return replies
         await load_scripts()
     return replies
+
+
+async def eval_script(
+    hot: Pipelined,
+    sha: str,
+    keys: Sequence[str],
+    args: Sequence[str | int],
+    load_scripts: Callable[[], Awaitable[None]],
+) -> Any:
+    """One script by its SHA: loaded again after NOSCRIPT, never resent after a lost
+    connection (see execute_scripts); an error reply is raised."""
+    command: Command = ["EVALSHA", sha, len(keys), *keys, *args]
+    (reply,) = await execute_scripts(hot, [command], load_scripts, idempotent=False)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply

@@ -10,7 +10,7 @@ from typing import Any
 from llm_auth import lua
 from llm_auth.keyspace import Keyspace
 from llm_auth.redis_guard import RedisGuard
-from llm_common.redis_mux import execute_scripts, pipelined
+from llm_common.redis_mux import eval_script, pipelined
 
 MINUTE_S = 60.0
 _US = 1_000_000
@@ -160,11 +160,7 @@ class Limiter:
         async def load() -> None:
             script.sha = await self._guard.client.script_load(script.script)
 
-        command = ["EVALSHA", script.sha, len(keys), *keys, *args]
-        (reply,) = await execute_scripts(self._hot, [command], load, idempotent=False)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+        return await eval_script(self._hot, script.sha, keys, args, load)
 
 
 def _bucket_args(buckets: Sequence[BucketSpec]) -> list[int]:

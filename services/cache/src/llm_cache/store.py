@@ -16,7 +16,7 @@ from redis.exceptions import RedisError
 from llm_cache import scripts
 from llm_cache.canonical import model_tag, tenant_tag
 from llm_cache.config import Policy, RedisSettings
-from llm_common.redis_mux import Pipelined, execute_scripts, pipelined
+from llm_common.redis_mux import Pipelined, eval_script, pipelined
 from llm_common.resilience import AsyncBreaker, BreakerOpen
 
 P = ParamSpec("P")
@@ -320,14 +320,9 @@ class RedisStore:
         """One script on `hot`, within the same timeout as a pooled call (the mux's own
         watchdog only notices a hung Redis up to half a timeout later). Not sent again after
         a lost connection: as on the pool, there are no client retries; the breaker decides."""
-        command: list[str | int] = ["EVALSHA", self._scripts[name].sha, len(keys), *keys, *args]
+        sha = self._scripts[name].sha
         async with asyncio.timeout(self._settings.timeout_s):
-            (reply,) = await execute_scripts(
-                self._hot, [command], self._load_read_scripts, idempotent=False
-            )
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+            return await eval_script(self._hot, sha, keys, args, self._load_read_scripts)
 
     async def _load_read_scripts(self) -> None:
         """After NOSCRIPT (Redis restarted or flushed its scripts)."""
