@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import re
 import time
 import uuid
@@ -38,6 +39,7 @@ QUIET_SERVICES = frozenset({health.SERVICE_NAME, reflection.SERVICE_NAME})
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _log = get_logger(__name__)
+_stdlib_log = logging.getLogger(__name__)
 
 
 def new_request_id() -> str:
@@ -124,6 +126,10 @@ def _final_code(context: Context, error: BaseException | None) -> grpc.StatusCod
 
 
 def _access_log(method: _Method, code: str, duration: float, peer: str) -> None:
+    # Quiet methods log at DEBUG, which is usually off: ask the stdlib logger first, because
+    # a structlog call builds a bound logger even for a line it then drops.
+    if method.quiet and not _stdlib_log.isEnabledFor(logging.DEBUG):
+        return
     fields = {"method": method.full_name, "code": code, "duration_ms": round(duration * 1e3, 3)}
     if method.quiet:
         _log.debug("rpc", **fields)
