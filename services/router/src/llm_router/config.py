@@ -92,6 +92,10 @@ class RoutingSettings:
     exclude_s: float = 5.0  # a failed replica sits out this long, doubling per failure
     exclude_max_s: float = 60.0
     dispatch_attempts: int = 3  # replicas tried before the first token
+    # A replica that sends nothing this long after Generate started (a frozen process, a
+    # stalled host) is treated as failed: the request goes to another one. Generous, because
+    # a busy replica's queue is a legitimate wait; 0 = wait for the caller's deadline.
+    first_token_timeout_s: float = 30.0
     retry_base_s: float = 0.02
     retry_cap_s: float = 1.0
     retry_jitter_s: float = 0.05
@@ -141,6 +145,7 @@ class RoutingSettings:
             exclude_s=f("exclude_s"),
             exclude_max_s=f("exclude_max_s"),
             dispatch_attempts=i("dispatch_attempts"),
+            first_token_timeout_s=f("first_token_timeout_s"),
             retry_base_s=f("retry_base_s"),
             retry_cap_s=f("retry_cap_s"),
             retry_jitter_s=f("retry_jitter_s"),

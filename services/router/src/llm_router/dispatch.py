@@ -1,5 +1,6 @@
-"""Dispatch to a replica with failover: a request that fails before its first token is sent
-to another replica after a jittered backoff; UNAVAILABLE with RetryInfo when none is left."""
+"""Dispatch to a replica with failover: a request that fails before its first token, or gets
+none within the first-token timeout (a frozen replica), is sent to another replica after a
+jittered backoff; UNAVAILABLE with RetryInfo when none is left."""
 
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ class Dispatcher:
         self._inference = inference
         self._metrics = metrics
         self._attempts = settings.dispatch_attempts
+        self._first_token_timeout_s = settings.first_token_timeout_s or None
         self._backoff = Backoff(
             base=settings.retry_base_s, cap=settings.retry_cap_s, jitter=settings.retry_jitter_s
         )
@@ -105,14 +107,19 @@ class Dispatcher:
                 sampling=sampling,
                 detokenize=True,
             )
-            call = self._inference.generate(placed.choice.replica, request)
+            replica = placed.choice.replica
+            call = self._inference.generate(replica, request)
             try:
-                first = await call.next()
+                async with asyncio.timeout(self._first_token_timeout_s):
+                    first = await call.next()
+            except TimeoutError:
+                call.cancel()
+                raise ReplicaFailed(replica, grpc.StatusCode.DEADLINE_EXCEEDED) from None
             except BaseException:
                 call.cancel()
                 raise
             if first is None:  # a stream must end with a finish message: the replica broke
-                raise ReplicaFailed(placed.choice.replica, grpc.StatusCode.DATA_LOSS)
+                raise ReplicaFailed(replica, grpc.StatusCode.DATA_LOSS)
             return Started(placed, call, first)
 
         def job(deployment: Deployment) -> Job:

@@ -3,13 +3,17 @@ replica lost mid-stream, and UNAVAILABLE with RetryInfo when no replica is left.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from llm_common.errors import parse_error
-from llm_common.testing import free_port
+from llm_common.testing import bytes_service, free_port, running_server
 from llm_router.config import RoutingSettings
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
@@ -148,3 +152,38 @@ async def test_replica_lost_mid_stream_ends_with_error_and_bills_what_was_sent(
                 return router.metric("llm_router_settlements_total", outcome="settled") >= 1
 
             await wait_for(settled)
+
+
+async def _silent(request: bytes, context: grpc.aio.ServicerContext[bytes, bytes]) -> Any:
+    """A replica that accepts calls and never answers (a frozen process)."""
+    await asyncio.Event().wait()
+    yield b""  # pragma: no cover - never reached
+
+
+async def test_a_silent_replica_is_left_after_the_first_token_timeout(
+    stack: Stack, tmp_path: Path
+) -> None:
+    frozen = bytes_service(
+        "llmapi.inference.v1.InferenceService",
+        server_streaming={"Generate": _silent, "WatchLoad": _silent},
+    )
+    routing = dataclasses.replace(ROUTING, first_token_timeout_s=0.5)
+    async with running_server(frozen) as silent:
+        hung = f"127.0.0.1:{silent.port}"
+        catalog = with_deployments(
+            stack.catalog,
+            deployment("primary", [hung], weight=100),
+            deployment("fallback", stack.replica_addrs[:1], weight=0),
+        )
+        caller = await stack.tenant()
+        settings = router_settings(stack, tmp_path, routing=routing)
+        async with running_router(settings, catalog) as router:
+            started = time.monotonic()
+            reply = await router.stub.Chat(chat(), metadata=caller.metadata, timeout=30)
+            assert reply.usage.completion_tokens == 4
+            assert time.monotonic() - started < 10  # not the caller's 30 s deadline
+            failovers = router.metric(
+                "llm_router_failovers_total", model=MODEL, replica=hung, code="DEADLINE_EXCEEDED"
+            )
+            assert failovers == 1
+            assert router.runtime.board.health(hung) == "excluded"
