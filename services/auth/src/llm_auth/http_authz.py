@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import re
 import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from llm_auth.extauthz import (
 )
 from llm_auth.principal import Principal
 from llm_common.logging import get_logger
+from llm_common.metrics import RpcMetrics, default_rpc_metrics
 
 PATH_PREFIX = "/authz"
 HEALTH_PATH = "/healthz"  # the listener's own liveness, for Envoy's active health check
@@ -42,6 +44,7 @@ SCOPES_MARK = ";scopes="
 MAX_HEAD_BYTES = 16 * 1024  # Envoy's default max request headers size is 60 KiB; ours are few
 MAX_BODY_BYTES = 64 * 1024  # only with Envoy's with_request_body, which we do not use
 REMOVE_HEADER = "x-envoy-auth-headers-to-remove"
+METRICS_SERVICE = "ext_authz_http"  # the `service` label of this listener's llm_rpc_* metrics
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
 _REASONS |= {413: "Payload Too Large", 431: "Request Header Fields Too Large"}
 _REASONS |= {429: "Too Many Requests", 503: "Service Unavailable"}
@@ -165,10 +168,13 @@ class AllowedHttpReplies:
 
 
 class HttpAuthorizer:
-    """Answers check requests with the decision of `authz`."""
+    """Answers check requests with the decision of `authz`; each check is counted and timed
+    in the `llm_rpc_*` metrics as service `ext_authz_http`, method `Check`, with the gRPC code
+    its answer stands for (OK, UNAUTHENTICATED, PERMISSION_DENIED, ...)."""
 
-    def __init__(self, authz: AuthorizationServicer) -> None:
+    def __init__(self, authz: AuthorizationServicer, metrics: RpcMetrics | None = None) -> None:
         self._authz = authz
+        self._metrics = metrics or default_rpc_metrics()
         self._allowed = AllowedHttpReplies()
         self._idle: set[asyncio.StreamWriter] = set()  # between requests
         self._closing = False
@@ -182,12 +188,21 @@ class HttpAuthorizer:
     async def answer(self, request: CheckRequest) -> bytes:
         if request.health:
             return HEALTHY_REPLY
-        decision = await self._authz.decide(request.path, request.headers, request.scopes, "")
-        if decision is None:
-            return PUBLIC_REPLY
-        if isinstance(decision, Denial):
-            return denied_reply(decision)
-        return self._allowed.get(decision)
+        self._metrics.started(METRICS_SERVICE, "Check")
+        start, code = time.perf_counter(), "OK"
+        try:
+            decision = await self._authz.decide(request.path, request.headers, request.scopes, "")
+            if decision is None:
+                return PUBLIC_REPLY
+            if isinstance(decision, Denial):
+                code = decision.error.code.name
+                return denied_reply(decision)
+            return self._allowed.get(decision)
+        except BaseException:
+            code = "INTERNAL"
+            raise
+        finally:
+            self._metrics.finished(METRICS_SERVICE, "Check", code, time.perf_counter() - start)
 
     async def serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -247,11 +262,15 @@ class HttpAuthzServer:
 
 
 async def start_http_authz(
-    port: int, authz: AuthorizationServicer, *, host: str | None = None
+    port: int,
+    authz: AuthorizationServicer,
+    *,
+    host: str | None = None,
+    metrics: RpcMetrics | None = None,
 ) -> HttpAuthzServer:
     """Serve HTTP ext_authz on `port` (0 picks a free one): on `host`, or on every interface
     (IPv4 and IPv6 on one socket where the host has both)."""
-    authorizer = HttpAuthorizer(authz)
+    authorizer = HttpAuthorizer(authz, metrics)
     server = await asyncio.start_server(
         authorizer.serve_connection, sock=listening_socket(host, port), limit=MAX_HEAD_BYTES
     )

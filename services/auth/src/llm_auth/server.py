@@ -126,7 +126,9 @@ class AuthApp:
                 metrics=self._rpc_metrics,
             )
         if self.settings.http_authz_port is not None:
-            self.http_authz = await start_http_authz(self.settings.http_authz_port, self.authz)
+            self.http_authz = await start_http_authz(
+                self.settings.http_authz_port, self.authz, metrics=self._rpc_metrics
+            )
 
     async def _store_bootstrap_key(self) -> None:
         key = self.settings.bootstrap_admin_key

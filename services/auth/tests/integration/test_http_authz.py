@@ -14,16 +14,23 @@ from prometheus_client import CollectorRegistry
 from llm_auth.http_authz import MAX_HEAD_BYTES, REMOVE_HEADER
 from llm_auth.metrics import AuthMetrics
 from llm_auth.testing import AuthHarness, delete_prefix, make_settings, serving, unique_prefix
+from llm_common.metrics import RpcMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 
+@pytest.fixture
+def rpc_metrics() -> RpcMetrics:
+    return RpcMetrics(CollectorRegistry())
+
+
 @pytest_asyncio.fixture
-async def auth(redis_url: str) -> AsyncIterator[AuthHarness]:
+async def auth(redis_url: str, rpc_metrics: RpcMetrics) -> AsyncIterator[AuthHarness]:
     prefix = unique_prefix()
     metrics = AuthMetrics(CollectorRegistry())
+    settings = make_settings(redis_url, prefix, http_authz_port=0)
     try:
-        async with serving(make_settings(redis_url, prefix, http_authz_port=0), metrics) as h:
+        async with serving(settings, metrics, rpc_metrics) as h:
             yield h
     finally:
         await delete_prefix(redis_url, prefix)
@@ -62,7 +69,7 @@ class Conn:
 
 
 async def test_keep_alive_answers_each_request_with_the_shared_decision(
-    auth: AuthHarness,
+    auth: AuthHarness, rpc_metrics: RpcMetrics
 ) -> None:
     record, key = await auth.create_key("acme", scopes=("completion:write",))
     conn = await Conn.open(auth)
@@ -91,6 +98,13 @@ async def test_keep_alive_answers_each_request_with_the_shared_decision(
     answers = auth.app.metrics.ext_authz
     assert answers.labels("200")._value.get() == 2
     assert answers.labels("401")._value.get() == 1
+    # Timed and counted like an RPC, by the gRPC code each answer stands for; the listener's
+    # own health probe is not a check.
+    checks = rpc_metrics.requests
+    assert checks.labels("ext_authz_http", "Check", "OK")._value.get() == 2
+    assert checks.labels("ext_authz_http", "Check", "UNAUTHENTICATED")._value.get() == 1
+    assert checks.labels("ext_authz_http", "Check", "PERMISSION_DENIED")._value.get() == 1
+    assert rpc_metrics.in_flight.labels("ext_authz_http", "Check")._value.get() == 0
 
 
 async def test_a_malformed_request_gets_400_and_the_connection_closes(auth: AuthHarness) -> None:
