@@ -168,9 +168,10 @@ class AllowedHttpReplies:
 
 
 class HttpAuthorizer:
-    """Answers check requests with the decision of `authz`; each check is counted and timed
-    in the `llm_rpc_*` metrics as service `ext_authz_http`, method `Check`, with the gRPC code
-    its answer stands for (OK, UNAUTHENTICATED, PERMISSION_DENIED, ...)."""
+    """Answers check requests with the decision of `authz`. Each check is counted and timed
+    in the `llm_rpc_*` metrics as service `ext_authz_http`, method `Check`: code OK when it
+    was answered, a denial included (as the gRPC Check's denials are OK replies; answers by
+    HTTP status are in llm_auth_ext_authz_checks), INTERNAL when it failed."""
 
     def __init__(self, authz: AuthorizationServicer, metrics: RpcMetrics | None = None) -> None:
         self._authz = authz
@@ -195,7 +196,6 @@ class HttpAuthorizer:
             if decision is None:
                 return PUBLIC_REPLY
             if isinstance(decision, Denial):
-                code = decision.error.code.name
                 return denied_reply(decision)
             return self._allowed.get(decision)
         except BaseException:
