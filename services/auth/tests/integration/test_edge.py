@@ -71,8 +71,10 @@ async def test_envoy_through_the_edge_listener(
                 assert ("x-tenant-id", unique_tenant) in seen
                 assert ("x-key-id", record.key_id) in seen
                 assert all(name != "x-api-key" for name, _ in seen)
+            # A different last character (one in 64 keys already ends in "A").
+            tampered = key.text[:-1] + ("B" if key.text.endswith("A") else "A")
             with pytest.raises(grpc.aio.AioRpcError) as denied:
-                await echo(b"{}", metadata=[("x-api-key", key.text[:-1] + "A")], timeout=5)
+                await echo(b"{}", metadata=[("x-api-key", tampered)], timeout=5)
             assert denied.value.code() == grpc.StatusCode.UNAUTHENTICATED
             for _ in range(2):
                 await limited(b"{}", metadata=[("x-api-key", key.text)], timeout=5)
