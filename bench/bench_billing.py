@@ -234,38 +234,29 @@ def grpc_pair(stubs: list[pb_grpc.BillingServiceAsyncStub]) -> Pair:
     async def pair(rid: str, tenant: str) -> tuple[float, float]:
         stub = stubs[next(turn) % len(stubs)]
         t0 = time.perf_counter()
-        await stub.Reserve(
-            pb.ReserveRequest(
-                request_id=rid,
-                tenant_id=tenant,
-                key_id="key1",
-                model=MODEL,
-                prompt_tokens=700,
-                max_completion_tokens=256,
-            ),
-            timeout=10,
-        )
+        await stub.Reserve(reserve_request(rid, tenant), timeout=10)
         t1 = time.perf_counter()
-        await stub.Settle(
-            pb.SettleRequest(
-                request_id=rid,
-                tenant_id=tenant,  # what the router sends: no owner lookup needed
-                prompt_tokens=700,
-                completion_tokens=180,
-                cached_tokens=128,
-                finish_reason=STOP,
-            ),
-            timeout=10,
-        )
+        await stub.Settle(settle_request(rid, tenant), timeout=10)
         return t1 - t0, time.perf_counter() - t1
 
     return pair
 
 
+def reserve_request(rid: str, tenant: str) -> pb.ReserveRequest:
+    return pb.ReserveRequest(
+        request_id=rid,
+        tenant_id=tenant,
+        key_id="key1",
+        model=MODEL,
+        prompt_tokens=700,
+        max_completion_tokens=256,
+    )
+
+
 def settle_request(rid: str, tenant: str) -> pb.SettleRequest:
     return pb.SettleRequest(
         request_id=rid,
-        tenant_id=tenant,
+        tenant_id=tenant,  # what the router sends: no owner lookup needed
         prompt_tokens=700,
         completion_tokens=180,
         cached_tokens=128,
@@ -299,17 +290,7 @@ class BatchedPair:
     async def __call__(self, rid: str, tenant: str) -> tuple[float, float]:
         stub = self._stubs[next(self._turn) % len(self._stubs)]
         t0 = time.perf_counter()
-        await stub.Reserve(
-            pb.ReserveRequest(
-                request_id=rid,
-                tenant_id=tenant,
-                key_id="key1",
-                model=MODEL,
-                prompt_tokens=700,
-                max_completion_tokens=256,
-            ),
-            timeout=10,
-        )
+        await stub.Reserve(reserve_request(rid, tenant), timeout=10)
         task = asyncio.get_running_loop().create_task(self._settle(rid, tenant))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)

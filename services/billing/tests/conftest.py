@@ -3,6 +3,7 @@ a running gRPC server, and an independent implementation of the rounding rule.""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import PriceBook, load_prices
 from llm_billing.server import Billing, build_billing, build_spec
 from llm_common.testing import (
+    PrivateRedis,
     RunningServer,
     running_server,
     settings_for_tests,
@@ -101,6 +103,23 @@ async def server(
 @pytest.fixture
 def stub(server: RunningServer) -> pb_grpc.BillingServiceAsyncStub:
     return pb_grpc.BillingServiceStub(server.channel)
+
+
+@pytest.fixture
+async def on_private_redis(
+    settings: Settings, prices: PriceBook, private_redis: Callable[..., PrivateRedis]
+) -> AsyncIterator[tuple[PrivateRedis, pb_grpc.BillingServiceAsyncStub]]:
+    """A billing server on a Redis of its own (which the test may kill and restart), with
+    a short Redis timeout so an outage is seen quickly; its stub."""
+    store = private_redis()
+    own = dataclasses.replace(
+        settings,
+        redis=RedisSettings(store.url, timeout_s=0.5),
+        ledger=LedgerSettings(key_prefix="billing:"),
+    )
+    built = build_billing(own, prices, metrics=BillingMetrics(CollectorRegistry()))
+    async with running_server(build_spec(built), settings=own.server) as running:
+        yield store, pb_grpc.BillingServiceStub(running.channel)
 
 
 def cost_micros(

@@ -241,25 +241,17 @@ async def test_unsettled_reservation_is_charged_by_the_sweeper(
 
 
 async def test_redis_outage_is_unavailable_with_retry_info_then_recovers(
-    settings: Settings, prices: PriceBook, private_redis: Callable[..., Any]
+    on_private_redis: tuple[Any, pb_grpc.BillingServiceAsyncStub],
 ) -> None:
-    store = private_redis()
-    own = dataclasses.replace(
-        settings,
-        redis=RedisSettings(store.url, timeout_s=0.5),
-        ledger=LedgerSettings(key_prefix="billing:"),
-    )
-    built = build_billing(own, prices, metrics=BillingMetrics(CollectorRegistry()))
-    async with running_server(build_spec(built), settings=own.server) as running:
-        stub = pb_grpc.BillingServiceStub(running.channel)
-        await stub.Reserve(reserve("r1"))
-        store.kill()
-        err = await failure(stub.Reserve(reserve("r2"), timeout=10))
-        assert err.code == grpc.StatusCode.UNAVAILABLE
-        assert err.retry_after_s == 1.0
-        store.start()
-        held = await stub.Reserve(reserve("r2"), timeout=10)
-        assert held.reserved_micros == 450
+    store, stub = on_private_redis
+    await stub.Reserve(reserve("r1"))
+    store.kill()
+    err = await failure(stub.Reserve(reserve("r2"), timeout=10))
+    assert err.code == grpc.StatusCode.UNAVAILABLE
+    assert err.retry_after_s == 1.0
+    store.start()
+    held = await stub.Reserve(reserve("r2"), timeout=10)
+    assert held.reserved_micros == 450
 
 
 async def test_works_on_the_embedded_redis_that_make_up_falls_back_to(

@@ -3,7 +3,6 @@ idempotency, the envelope, and the ledger against an independent sum."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -13,15 +12,10 @@ import grpc
 import pytest
 from google.protobuf import timestamp_pb2
 from google.rpc import error_details_pb2, status_pb2
-from prometheus_client import CollectorRegistry
 
-from llm_billing.config import LedgerSettings, RedisSettings, Settings
 from llm_billing.metrics import BillingMetrics
-from llm_billing.prices import PriceBook
-from llm_billing.server import build_billing, build_spec
 from llm_billing.validation import MAX_BATCH_ITEMS
 from llm_common.errors import ErrorDetails, parse_error
-from llm_common.testing import running_server
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 from llmapi.common.v1 import common_pb2
@@ -244,25 +238,17 @@ async def test_ledger_equals_an_independent_sum(stub: Stub, cost_of: Callable[..
 
 
 async def test_redis_outage_fails_the_whole_batch_as_unavailable(
-    settings: Settings, prices: PriceBook, private_redis: Callable[..., Any]
+    on_private_redis: tuple[Any, pb_grpc.BillingServiceAsyncStub],
 ) -> None:
-    store = private_redis()
-    own = dataclasses.replace(
-        settings,
-        redis=RedisSettings(store.url, timeout_s=0.5),
-        ledger=LedgerSettings(key_prefix="billing:"),
-    )
-    built = build_billing(own, prices, metrics=BillingMetrics(CollectorRegistry()))
-    async with running_server(build_spec(built), settings=own.server) as running:
-        stub = pb_grpc.BillingServiceStub(running.channel)
-        await stub.Reserve(reserve("r1"))
-        request = pb.SettleBatchRequest(items=[settle("r1"), settle("bad id!")])
-        store.kill()
-        err = await failure(stub.SettleBatch(request, timeout=10))
-        assert err.code == grpc.StatusCode.UNAVAILABLE
-        assert err.retry_after_s == 1.0
-        store.start()  # an empty Redis: reserve again
-        await stub.Reserve(reserve("r1"), timeout=10)
-        reply = await stub.SettleBatch(request, timeout=10)
-        assert [code_of(r).name for r in reply.results] == ["OK", "INVALID_ARGUMENT"]
-        assert not reply.results[0].settle.duplicate
+    store, stub = on_private_redis
+    await stub.Reserve(reserve("r1"))
+    request = pb.SettleBatchRequest(items=[settle("r1"), settle("bad id!")])
+    store.kill()
+    err = await failure(stub.SettleBatch(request, timeout=10))
+    assert err.code == grpc.StatusCode.UNAVAILABLE
+    assert err.retry_after_s == 1.0
+    store.start()  # an empty Redis: reserve again
+    await stub.Reserve(reserve("r1"), timeout=10)
+    reply = await stub.SettleBatch(request, timeout=10)
+    assert [code_of(r).name for r in reply.results] == ["OK", "INVALID_ARGUMENT"]
+    assert not reply.results[0].settle.duplicate
