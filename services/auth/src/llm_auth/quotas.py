@@ -135,8 +135,10 @@ class Quotas:
         self._metrics.limit_decision(LimitKind.TOKENS, decision.allowed)
         if not decision.allowed:
             raise _token_quota_error(tenant_id, key_id, tokens, decision)
+        # The first bucket's state: the key's own limit, or its tenant's where the key has none
+        # (a tenant-only limit must still read as a held reservation, to be refunded).
         state = decision.states[0]
-        return TokenGrant(state.remaining, state.reset_after_s, limits.tokens_per_minute)
+        return TokenGrant(state.remaining, state.reset_after_s, buckets[0].limit)
 
     async def refund_tokens(
         self, tenant_id: str, key_id: str, reservation_id: str, tokens: int

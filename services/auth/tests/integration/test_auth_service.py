@@ -12,6 +12,7 @@ from google.protobuf import duration_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_auth.apikeys import generate_key
+from llm_auth.config import DefaultLimits
 from llm_auth.principal import KeyLimits
 from llm_auth.testing import AuthHarness, make_settings, serving
 from llm_common.errors import ErrorDetails, parse_error
@@ -264,6 +265,27 @@ async def test_token_reservations(auth: AuthHarness, unique_tenant: str) -> None
         stub(auth).RefundTokens(pb.RefundTokensRequest(**base, reservation_id="none", tokens=1))
     )
     assert err.code == grpc.StatusCode.NOT_FOUND
+
+
+async def test_reservations_report_the_limit_that_holds_them(
+    redis_url: str, prefix: str, unique_tenant: str
+) -> None:
+    # The router refunds (and asks auth at all) only when `limit` > 0: a key without a
+    # limit of its own under a tenant-wide one must still report a limit, the tenant's.
+    settings = make_settings(redis_url, prefix, limits=DefaultLimits(tenant_tokens_per_minute=500))
+    async with serving(settings) as harness:
+        record, _ = await harness.create_key(unique_tenant)
+        base = {"tenant_id": unique_tenant, "key_id": record.key_id}
+        reserve = stub(harness).ReserveTokens
+        held = await reserve(pb.ReserveTokensRequest(**base, tokens=100, reservation_id="t1"))
+        assert (held.limit, held.remaining, held.enforced) == (500, 400, True)
+    async with serving(make_settings(redis_url, prefix)) as harness:
+        record, _ = await harness.create_key(unique_tenant)
+        base = {"tenant_id": unique_tenant, "key_id": record.key_id}
+        free = await stub(harness).ReserveTokens(
+            pb.ReserveTokensRequest(**base, tokens=100, reservation_id="u1")
+        )
+        assert (free.limit, free.enforced) == (0, True)  # unlimited: nothing held
 
 
 async def test_reserve_rejects_keys_of_other_tenants(auth: AuthHarness, unique_tenant: str) -> None:

@@ -23,6 +23,7 @@ from llm_router.clients import BillingClient, QuotaClient
 from llm_router.identity import Caller
 from llm_router.observability import RouterMetrics
 from llm_router.policies import AdmissionPolicy
+from llm_router.quota_memo import UnlimitedKeys
 from llm_router.settlement import Admission, Outcome, Settler
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.common.v1 import common_pb2
@@ -91,6 +92,7 @@ class Admitter:
         *,
         quota_fail_open: bool,
         refusals: RefusalMemo | None = None,
+        unlimited: UnlimitedKeys | None = None,
     ) -> None:
         self._quota = quota
         self._billing = billing
@@ -98,6 +100,7 @@ class Admitter:
         self._metrics = metrics
         self._quota_fail_open = quota_fail_open
         self.refusals = refusals or RefusalMemo()
+        self._unlimited = unlimited or UnlimitedKeys(ttl_s=0.0)
 
     async def admit(
         self,
@@ -164,8 +167,12 @@ class Admitter:
     async def _reserve_quota(self, request_id: str, caller: Caller, tokens: int) -> int:
         if self._quota is None or not caller.key_id:
             return 0
+        key = (caller.tenant_id, caller.key_id)
+        if key in self._unlimited:
+            self._metrics.quota_skipped.inc()
+            return 0
         try:
-            held = await self._quota.reserve(caller.tenant_id, caller.key_id, tokens, request_id)
+            grant = await self._quota.reserve(caller.tenant_id, caller.key_id, tokens, request_id)
         except NotFound:
             raise PermissionDenied(
                 "the API key no longer exists", reason="API_KEY_INVALID"
@@ -176,7 +183,11 @@ class Admitter:
             self._metrics.degraded.labels("auth", "admitted_unchecked").inc()
             _log.warning("token quota unavailable: admitted without a check")
             return 0
-        return tokens if held else 0
+        if grant.limit > 0:
+            return tokens  # held: the unused part is refunded at the end
+        if grant.enforced:  # unlimited (not a fail-open answer): skip auth for a while
+            self._unlimited.remember(*key)
+        return 0
 
     async def _reserve_budget(self, admission: Admission, policy: AdmissionPolicy) -> bool:
         request = billing_pb.ReserveRequest(

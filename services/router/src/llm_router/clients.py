@@ -137,21 +137,23 @@ class QuotaClient:
         self._timeout_s = timeout_s
         self._breaker = breaker
 
-    async def reserve(self, tenant: str, key: str, tokens: int, reservation_id: str) -> bool:
+    async def reserve(
+        self, tenant: str, key: str, tokens: int, reservation_id: str
+    ) -> auth_pb.ReserveTokensResponse:
         """Hold `tokens`; RESOURCE_EXHAUSTED (QuotaExceeded) over the key's limit.
 
-        False when nothing was actually held (the key is unlimited, or auth's limiter was
-        down and it failed open): then there is nothing to refund later either.
+        Nothing was held (and nothing is to be refunded) when the answer's `limit` is 0: the
+        key is unlimited (`enforced`), or auth's limiter was down and it failed open.
         """
         request = auth_pb.ReserveTokensRequest(
             tenant_id=tenant, key_id=key, tokens=tokens, reservation_id=reservation_id
         )
-        response = await _guarded(
+        response: auth_pb.ReserveTokensResponse = await _guarded(
             self._breaker,
             self.service,
             lambda: self._stub.ReserveTokens(request, timeout=self._timeout_s),
         )
-        return response.limit > 0 and response.enforced
+        return response
 
     async def refund(
         self, tenant: str, key: str, reservation_id: str, tokens: int, timeout_s: float

@@ -178,6 +178,9 @@ class DownstreamSettings:
     breaker_fail_max: int = 5
     breaker_reset_s: float = 10.0
     quota_fail_open: bool = True  # admit when auth's token quota cannot be checked
+    # A key auth reported unlimited skips ReserveTokens/RefundTokens this long (a limit set
+    # meanwhile applies when it expires); 0: ask auth on every request.
+    quota_unlimited_ttl_s: float = 30.0
     # gRPC's own retry of UNAVAILABLE on the tokenizer/auth/billing/cache channels. Turn it off
     # when those addresses are an Envoy mesh listener, which already retries: never the same
     # hop at two layers.
@@ -229,6 +232,9 @@ class DownstreamSettings:
             breaker_fail_max=env_int(environ, "ROUTER_BREAKER_FAIL_MAX", d.breaker_fail_max),
             breaker_reset_s=env_float(environ, "ROUTER_BREAKER_RESET_S", d.breaker_reset_s),
             quota_fail_open=env_bool(environ, "ROUTER_QUOTA_FAIL_OPEN", d.quota_fail_open),
+            quota_unlimited_ttl_s=env_float(
+                environ, "ROUTER_QUOTA_UNLIMITED_TTL_S", d.quota_unlimited_ttl_s, min_value=0.0
+            ),
             channel_retries=env_bool(environ, "ROUTER_CHANNEL_RETRIES", d.channel_retries),
             overlap_admission=env_bool(environ, "ROUTER_OVERLAP_ADMISSION", d.overlap_admission),
             lookup_grace_s=env_float(

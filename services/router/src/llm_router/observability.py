@@ -83,6 +83,11 @@ class RouterMetrics:
             ["dependency", "action"],
             registry=registry,
         )
+        self.quota_skipped = Counter(
+            "llm_router_quota_skipped",
+            "Token-quota reservations skipped: the key was recently reported unlimited.",
+            registry=registry,
+        )
         self.settlements = Counter(
             "llm_router_settlements",
             "Usage settlements by outcome (settled, released, spooled, failed).",

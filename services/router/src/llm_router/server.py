@@ -40,6 +40,7 @@ from llm_router.openai_http import OpenAIHttp, start_openai_http
 from llm_router.pipeline import Pipeline
 from llm_router.policies import PolicyBook, load_policies
 from llm_router.prefix import AffinityTable
+from llm_router.quota_memo import UnlimitedKeys
 from llm_router.selection import ReplicaSelector
 from llm_router.service import LLMServicer, ServiceDeps
 from llm_router.settle_batch import SettleBatcher
@@ -180,7 +181,14 @@ async def build_runtime(
         background=background,
         batcher=batcher,
     )
-    admitter = Admitter(quota, billing, settler, metrics, quota_fail_open=d.quota_fail_open)
+    admitter = Admitter(
+        quota,
+        billing,
+        settler,
+        metrics,
+        quota_fail_open=d.quota_fail_open,
+        unlimited=UnlimitedKeys(d.quota_unlimited_ttl_s),
+    )
 
     router = ModelRouter(catalog, home_region=r.region, rng=rng)
     board = LoadBoard(exclude_s=r.exclude_s, exclude_max_s=r.exclude_max_s, stale_s=r.load_stale_s)

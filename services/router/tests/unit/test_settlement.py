@@ -18,7 +18,9 @@ from llm_router.errors import DependencyUnavailable
 from llm_router.identity import Caller
 from llm_router.observability import RouterMetrics
 from llm_router.policies import AdmissionPolicy
+from llm_router.quota_memo import UnlimitedKeys
 from llm_router.settlement import Admission, Outcome, Settler
+from llmapi.auth.v1 import auth_service_pb2 as auth_pb
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.common.v1 import common_pb2
 
@@ -64,13 +66,19 @@ class FakeQuota:
         self.reserved: list[tuple[str, int]] = []
         self.refunds: list[tuple[str, int]] = []
 
-    async def reserve(self, tenant: str, key: str, tokens: int, reservation_id: str) -> bool:
+    async def reserve(
+        self, tenant: str, key: str, tokens: int, reservation_id: str
+    ) -> auth_pb.ReserveTokensResponse:
         if self.down:
             raise DependencyUnavailable("auth")
         self.reserved.append((reservation_id, tokens))
-        return self.limited
+        # As auth answers: limit 0 for an unlimited key, and enforced=False when it failed open.
+        return auth_pb.ReserveTokensResponse(
+            reservation_id=reservation_id, limit=100 if self.limited else 0, enforced=self.enforced
+        )
 
     limited = True
+    enforced = True
 
     async def refund(
         self, tenant: str, key: str, reservation_id: str, tokens: int, timeout_s: float
@@ -212,6 +220,52 @@ async def test_admission_degrades_per_policy(outbox: Outbox) -> None:
     unlimited = await admitter.admit(**{**admit, "request_id": "r10"}, policy=AdmissionPolicy())
     assert unlimited.quota_tokens == 0
     assert unlimited.billing_reserved
+
+
+async def test_an_unlimited_key_skips_the_quota_until_the_memo_expires(outbox: Outbox) -> None:
+    billing, quota, settler, _, _ = parts(outbox)
+    metrics = RouterMetrics(CollectorRegistry())
+    now = [0.0]
+    memo = UnlimitedKeys(ttl_s=30.0, clock=lambda: now[0])
+    admitter = Admitter(quota, billing, settler, metrics, quota_fail_open=True, unlimited=memo)  # type: ignore[arg-type]
+    caller = Caller("acme", "k1", frozenset())
+
+    async def admit(request_id: str) -> int:
+        held = await admitter.admit(
+            request_id=request_id, caller=caller, model="m", prompt_tokens=5, max_tokens=5,
+            policy=AdmissionPolicy(),
+        )  # fmt: skip
+        return held.quota_tokens
+
+    # A fail-open answer (auth's limiter down) says nothing about the key: not remembered.
+    quota.limited, quota.enforced = False, False
+    assert await admit("a1") == 0
+    assert await admit("a2") == 0
+    assert len(quota.reserved) == 2
+    # Unlimited: the next requests within the TTL do not ask auth at all.
+    quota.enforced = True
+    assert await admit("a3") == 0
+    assert await admit("a4") == 0
+    assert await admit("a5") == 0
+    assert len(quota.reserved) == 3
+    assert metrics.quota_skipped._value.get() == 2
+    # After the TTL a limit set meanwhile applies.
+    now[0] = 31.0
+    quota.limited = True
+    assert await admit("a6") == 10
+    assert len(quota.reserved) == 4
+
+
+def test_the_unlimited_memo_is_bounded() -> None:
+    memo = UnlimitedKeys(ttl_s=30.0, max_entries=2)
+    memo.remember("t", "a")
+    memo.remember("t", "b")
+    memo.remember("t", "c")  # full: emptied first
+    assert ("t", "c") in memo
+    assert ("t", "a") not in memo
+    off = UnlimitedKeys(ttl_s=0.0)
+    off.remember("t", "a")
+    assert ("t", "a") not in off
 
 
 async def test_refused_budget_gives_the_tokens_back(outbox: Outbox) -> None:
