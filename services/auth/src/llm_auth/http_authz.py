@@ -27,6 +27,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import grpc
+from opentelemetry import trace
+
 from llm_auth.extauthz import (
     CREDENTIAL_HEADERS,
     IDENTITY_HEADERS,
@@ -37,6 +40,7 @@ from llm_auth.extauthz import (
 from llm_auth.principal import Principal
 from llm_common.logging import get_logger
 from llm_common.metrics import RpcMetrics, default_rpc_metrics
+from llm_common.tracing import ServerSpan, rpc_tracer
 
 PATH_PREFIX = "/authz"
 HEALTH_PATH = "/healthz"  # the listener's own liveness, for Envoy's active health check
@@ -45,6 +49,7 @@ MAX_HEAD_BYTES = 16 * 1024  # Envoy's default max request headers size is 60 KiB
 MAX_BODY_BYTES = 64 * 1024  # only with Envoy's with_request_body, which we do not use
 REMOVE_HEADER = "x-envoy-auth-headers-to-remove"
 METRICS_SERVICE = "ext_authz_http"  # the `service` label of this listener's llm_rpc_* metrics
+SPAN_NAME = f"/{METRICS_SERVICE}/Check"
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden"}
 _REASONS |= {413: "Payload Too Large", 431: "Request Header Fields Too Large"}
 _REASONS |= {429: "Too Many Requests", 503: "Service Unavailable"}
@@ -173,9 +178,15 @@ class HttpAuthorizer:
     was answered, a denial included (as the gRPC Check's denials are OK replies; answers by
     HTTP status are in llm_auth_ext_authz_checks), INTERNAL when it failed."""
 
-    def __init__(self, authz: AuthorizationServicer, metrics: RpcMetrics | None = None) -> None:
+    def __init__(
+        self,
+        authz: AuthorizationServicer,
+        metrics: RpcMetrics | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self._authz = authz
         self._metrics = metrics or default_rpc_metrics()
+        self._tracer = tracer or rpc_tracer()
         self._allowed = AllowedHttpReplies()
         self._idle: set[asyncio.StreamWriter] = set()  # between requests
         self._closing = False
@@ -191,6 +202,13 @@ class HttpAuthorizer:
             return HEALTHY_REPLY
         self._metrics.started(METRICS_SERVICE, "Check")
         start, code = time.perf_counter(), "OK"
+        # Envoy's ext_authz client sends the request's trace context: the check joins the
+        # trace (recorded when the caller sampled it); without one, no span is made at all.
+        span = (
+            ServerSpan.start(self._tracer, SPAN_NAME, request.headers.items())
+            if "traceparent" in request.headers
+            else None
+        )
         try:
             decision = await self._authz.decide(request.path, request.headers, request.scopes, "")
             if decision is None:
@@ -203,6 +221,8 @@ class HttpAuthorizer:
             raise
         finally:
             self._metrics.finished(METRICS_SERVICE, "Check", code, time.perf_counter() - start)
+            if span is not None:
+                span.end(grpc.StatusCode[code])
 
     async def serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

@@ -9,9 +9,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from llm_auth.http_authz import MAX_HEAD_BYTES, REMOVE_HEADER
+from llm_auth.http_authz import MAX_HEAD_BYTES, REMOVE_HEADER, HttpAuthorizer, parse_head
 from llm_auth.metrics import AuthMetrics
 from llm_auth.testing import AuthHarness, delete_prefix, make_settings, serving, unique_prefix
 from llm_common.metrics import RpcMetrics
@@ -141,3 +144,26 @@ async def test_stop_closes_idle_connections(auth: AuthHarness) -> None:
         assert await conn.closed_by_peer()
     finally:
         conn.close()
+
+
+async def test_a_check_with_trace_context_joins_the_trace(auth: AuthHarness) -> None:
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    authorizer = HttpAuthorizer(
+        auth.app.authz, RpcMetrics(CollectorRegistry()), provider.get_tracer("test")
+    )
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    traced = parse_head(
+        b"POST /authz/v1/chat HTTP/1.1\r\n"
+        + f"traceparent: 00-{trace_id}-b7ad6b7169203331-01".encode()
+    )
+    status_line = (await authorizer.answer(traced)).split(b"\r\n", 1)[0]
+    assert status_line.startswith(b"HTTP/1.1 401")
+    (span,) = spans.get_finished_spans()
+    assert span.name == "/ext_authz_http/Check"
+    assert span.context is not None
+    assert f"{span.context.trace_id:032x}" == trace_id
+    # Without trace context no span is made at all (the common, unsampled case).
+    await authorizer.answer(parse_head(b"POST /authz/healthz HTTP/1.1"))
+    assert len(spans.get_finished_spans()) == 1
