@@ -52,6 +52,17 @@ async def test_put_is_idempotent_by_key_and_delivery_removes(outbox: Outbox) -> 
     assert await outbox.pending() == 1
 
 
+async def test_many_deliveries_are_removed_at_once(outbox: Outbox) -> None:
+    keys = [f"settle:m{i}" for i in range(1200)]  # more than one DELETE's worth of keys
+    for key in keys:
+        await outbox.put(key, b"x")
+    await outbox.put("settle:kept", b"y")
+    await outbox.mark_delivered()  # nothing: a no-op
+    await outbox.mark_delivered(*keys)
+    assert await outbox.pending() == 1
+    assert [i.key for i in await outbox.due()] == ["settle:kept"]
+
+
 async def test_database_is_in_wal_mode(outbox: Outbox, path: Path) -> None:
     with sqlite3.connect(path) as other:
         assert other.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

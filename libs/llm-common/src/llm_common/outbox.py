@@ -66,6 +66,9 @@ class ReplayStats:
     rejected: int = 0
 
 
+_DELETE_CHUNK = 500  # keys per DELETE, well under SQLite's bound-parameter limit
+
+
 class OutboxFull(Exception):  # noqa: N818 - reads as a state: `except OutboxFull`
     """The outbox holds `max_items` messages; the new one was not stored."""
 
@@ -186,9 +189,14 @@ class Outbox:
         value = rows[0][0]
         return None if value is None else float(value)
 
-    async def mark_delivered(self, key: str) -> None:
-        """Remove a delivered message."""
-        await self._run(_execute, self._db, "DELETE FROM outbox WHERE key = ?", (key,))
+    async def mark_delivered(self, *keys: str) -> None:
+        """Remove delivered messages: many in one statement, so one sync to disk (a batch
+        replay delivers up to hundreds at once)."""
+        for start in range(0, len(keys), _DELETE_CHUNK):
+            chunk = keys[start : start + _DELETE_CHUNK]
+            marks = ",".join("?" * len(chunk))
+            sql = f"DELETE FROM outbox WHERE key IN ({marks})"
+            await self._run(_execute, self._db, sql, chunk)
 
     async def retry_later(self, item: OutboxItem, error: str) -> float:
         """Count a failed attempt and schedule the next one; returns the delay in seconds."""

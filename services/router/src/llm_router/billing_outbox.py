@@ -105,19 +105,20 @@ class BillingSpool:
         if not calls:
             return ReplayStats(rejected=rejected)
         results = await self._send_batch([call for _, call in calls])
-        delivered = retried = 0
+        delivered: list[str] = []
+        retried = 0
         for (item, _), result in zip(calls, results, strict=True):
             outcome = self._delivery(item, result)
             if outcome is Delivery.DELIVERED:
-                await self._outbox.mark_delivered(item.key)
-                delivered += 1
+                delivered.append(item.key)
             elif outcome is Delivery.REJECTED:
                 await self._outbox.reject(item, type(result).__name__)
                 rejected += 1
             else:
                 await self._outbox.retry_later(item, type(result).__name__)
                 retried += 1
-        return ReplayStats(delivered, retried, rejected)
+        await self._outbox.mark_delivered(*delivered)
+        return ReplayStats(len(delivered), retried, rejected)
 
     async def _send_batch(self, calls: Sequence[BillingCall]) -> list[ItemResult | None]:
         """Per call: None when delivered, else its error (the whole call's, if it failed)."""
