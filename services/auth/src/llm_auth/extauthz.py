@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,12 +132,23 @@ def public() -> Any:
     return authz_pb.CheckResponse(status=status_pb2.Status(code=0), ok_response=ok)
 
 
-class AllowedReplies:
-    """Serialized OK replies by principal. A principal's reply never changes, and building it
-    (headers, a Struct) took more time than the rest of Check; the bound keeps memory flat
-    when many distinct JWT subjects pass (a full cache is simply emptied)."""
+def _serialized_allowed(principal: Principal) -> bytes:
+    reply: bytes = allowed(principal).SerializeToString()
+    return reply
 
-    def __init__(self, max_entries: int = 10_000) -> None:
+
+class AllowedReplies:
+    """Serialized OK replies by principal, as `build` makes them (Check's CheckResponse by
+    default; the HTTP listener passes its own). A principal's reply never changes, and
+    building it (headers, a Struct) took more time than the rest of Check; the bound keeps
+    memory flat when many distinct JWT subjects pass (a full cache is simply emptied)."""
+
+    def __init__(
+        self,
+        build: Callable[[Principal], bytes] = _serialized_allowed,
+        max_entries: int = 10_000,
+    ) -> None:
+        self._build = build
         self._max_entries = max_entries
         self._replies: dict[Principal, bytes] = {}
 
@@ -149,8 +160,7 @@ class AllowedReplies:
         if reply is None:
             if len(self._replies) >= self._max_entries:
                 self._replies.clear()
-            reply = allowed(principal).SerializeToString()
-            self._replies[principal] = reply
+            reply = self._replies[principal] = self._build(principal)
         return reply
 
 

@@ -33,6 +33,7 @@ from opentelemetry import trace
 from llm_auth.extauthz import (
     CREDENTIAL_HEADERS,
     IDENTITY_HEADERS,
+    AllowedReplies,
     AuthorizationServicer,
     Denial,
     identity_headers,
@@ -156,22 +157,6 @@ def denied_reply(denial: Denial) -> bytes:
     return response(denial.http_status, denial.headers, denial.body.encode())
 
 
-class AllowedHttpReplies:
-    """Serialized 200 replies by principal (as extauthz.AllowedReplies for Check)."""
-
-    def __init__(self, max_entries: int = 10_000) -> None:
-        self._max_entries = max_entries
-        self._replies: dict[Principal, bytes] = {}
-
-    def get(self, principal: Principal) -> bytes:
-        reply = self._replies.get(principal)
-        if reply is None:
-            if len(self._replies) >= self._max_entries:
-                self._replies.clear()
-            reply = self._replies[principal] = allowed_reply(principal)
-        return reply
-
-
 class HttpAuthorizer:
     """Answers check requests with the decision of `authz`. Each check is counted and timed
     in the `llm_rpc_*` metrics as service `ext_authz_http`, method `Check`: code OK when it
@@ -187,7 +172,7 @@ class HttpAuthorizer:
         self._authz = authz
         self._metrics = metrics or default_rpc_metrics()
         self._tracer = tracer or rpc_tracer()
-        self._allowed = AllowedHttpReplies()
+        self._allowed = AllowedReplies(allowed_reply)
         self._idle: set[asyncio.StreamWriter] = set()  # between requests
         self._closing = False
 

@@ -43,6 +43,3 @@ class UnlimitedKeys:
         if len(self._until) >= self._max_entries:
             self._until.clear()
         self._until[(tenant_id, key_id)] = self._clock() + self._ttl_s
-
-    def forget(self, tenant_id: str, key_id: str) -> None:
-        self._until.pop((tenant_id, key_id), None)
