@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import machine
 import redis.asyncio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry
@@ -871,7 +872,15 @@ def main() -> None:
     parser.add_argument("--redis-url", default=None, help="default: REDIS_URL or local Redis")
     parser.add_argument("--out", type=Path, default=RESULTS / "billing.json")
     args = parser.parse_args()
+    floors = machine.probe()
     result = asyncio.run(bench(args))
+    result["setup"]["probe"] = floors
+    # Every settle crosses at least one gRPC hop: its p99 on this machine, idle, is a floor.
+    result["goal"]["machine_floor"] = machine.floor_note(
+        GOAL_P99_MS,
+        floors["grpc_unary"]["p99_ms"],
+        "p99 of a bare grpc.aio unary call, concurrency 1, before the run (bench/machine.py)",
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     plot(result, args.out.with_suffix(".png"))

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import machine
 import numpy as np
 import numpy.typing as npt
 import torch
@@ -686,7 +687,7 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
         "paraphrase_hit_rate": (q["paraphrase_hit_rate"]["guard"], ">="),
         "qqp_nondup_false_hit_rate": (q["qqp_nondup_false_hit_rate"]["guard"], "<="),
     }
-    return {
+    verdicts = {
         name: {
             "goal": GOALS[name],
             "measured": round(value, 4),
@@ -694,6 +695,12 @@ def goals(result: dict[str, Any]) -> dict[str, Any]:
         }
         for name, (value, op) in checks.items()
     }
+    # A lookup is one gRPC hop: next to the exact goal, what a bare hop costs on this machine.
+    floor = result["environment"]["probe"]["grpc_unary"]["p50_ms"]
+    verdicts["exact_p50_ms"]["machine_floor"] = machine.floor_note(
+        GOALS["exact_p50_ms"], floor, "p50 of a bare grpc.aio unary call (bench/machine.py)"
+    )
+    return verdicts
 
 
 def main() -> None:
@@ -712,6 +719,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     load_at_start = os.getloadavg()
+    floors = machine.probe()
     torch.set_num_threads(args.threads)
 
     paraphrases = load_pairs("paraphrase_pairs.jsonl")
@@ -749,6 +757,7 @@ def main() -> None:
             "machine": platform.machine(),
             "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
+            "probe": floors,
         },
         "config": {
             "threshold": THRESHOLD,

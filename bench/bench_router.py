@@ -43,6 +43,7 @@ from typing import Any
 
 import grpc
 import grpc_skeleton
+import machine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_common.testing import free_port, redis_url_for_tests
@@ -769,10 +770,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(_serve_dep(args.dep, json.loads(args.deps)))
         return 0
     load_before = os.getloadavg()
+    floors = machine.probe()
     result = asyncio.run(run(args))
+    overhead = result["overhead"]
+    overhead["machine_floor"] = machine.floor_note(
+        GOAL_ADDED_P50_MS,
+        overhead["grpc_skeleton"]["added_p50_ms"],
+        "added p50 of the router's call pattern with no logic (grpc_skeleton), same run",
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     _plot(result, args.out.with_suffix(".png"))
-    report = {"benchmark": "router", "machine": _machine(load_before), **_strip_samples(result)}
+    about = _machine(load_before) | {"probe": floors}
+    report = {"benchmark": "router", "machine": about, **_strip_samples(result)}
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))
     return 0

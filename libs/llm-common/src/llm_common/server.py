@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
@@ -183,6 +184,9 @@ async def serve(
             async with running(settings, spec) as built:
                 metrics_port = endpoint.port if endpoint is not None else None
                 _log.info("serving", port=built.port, metrics_port=metrics_port)
+                # What start-up allocated lives as long as the process: out of the cyclic
+                # GC's reach, full collections stop walking it in the middle of requests.
+                gc.freeze()
                 if ready is not None:
                     ready(built)
                 await stop.wait()

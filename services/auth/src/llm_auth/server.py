@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from collections.abc import Callable
 
 import grpc
@@ -180,12 +179,4 @@ async def serve(
 ) -> None:
     """Serve until SIGTERM/SIGINT (or `stop`)."""
     app = AuthApp(settings)
-
-    def started(built: BuiltServer) -> None:
-        # Everything allocated while starting lives as long as the process: taken out of the
-        # cyclic GC's reach, full collections stop walking it in the middle of edge requests.
-        gc.freeze()
-        if ready is not None:
-            ready(built)
-
-    await common_server.serve(settings.server, app.spec(), stop=stop, ready=started)
+    await common_server.serve(settings.server, app.spec(), stop=stop, ready=ready)
