@@ -52,6 +52,7 @@ from llm_billing.prices import load_prices
 from llm_billing.server import Billing, build_billing
 from llm_billing.timeutil import Period
 from llm_billing.usage import Granularity, UsageQuery
+from llm_common.grpc_runtime import with_grpc_runtime
 from llm_common.testing import free_port, redis_url_for_tests, settings_for_tests
 from llm_router.clients import BillingClient
 from llm_router.settle_batch import SettleBatcher
@@ -549,7 +550,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         settings, load_prices(PRICES, "USD"), metrics=BillingMetrics(CollectorRegistry())
     )
     env = {
-        **os.environ,
+        **with_grpc_runtime(os.environ),
         "REDIS_URL": redis_url,
         "BILLING_KEY_PREFIX": prefix,
         "PRICES_CONFIG": str(PRICES),
@@ -873,8 +874,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "billing.json")
     args = parser.parse_args()
     floors = machine.probe()
+    cpu_share = machine.CpuShare()
     result = asyncio.run(bench(args))
     result["setup"]["probe"] = floors
+    result["setup"]["cpu_share_during_run"] = cpu_share.shares()
     # Every settle crosses at least one gRPC hop: its p99 on this machine, idle, is a floor.
     result["goal"]["machine_floor"] = machine.floor_note(
         GOAL_P99_MS,

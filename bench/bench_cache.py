@@ -56,6 +56,7 @@ from llm_cache.encoder import Encoder, default_model_dir
 from llm_cache.index import VectorIndex
 from llm_cache.server import encoder_dtype, redis_client
 from llm_cache.store import NewEntry, RedisStore
+from llm_common.grpc_runtime import with_grpc_runtime
 from llm_common.resilience import AsyncBreaker, BreakerMetrics
 from llm_common.testing import EmbeddedRedis, free_port, start_embedded_redis
 from llmapi.cache.v1 import cache_service_pb2 as pb
@@ -428,7 +429,7 @@ def cache_server(url: str, threads: int) -> Iterator[Server]:
     """`python -m llm_cache` on a free port, yielded once its index is rebuilt."""
     port = free_port()
     env = {
-        **os.environ,
+        **with_grpc_runtime(os.environ),
         "GRPC_PORT": str(port),
         "METRICS_PORT": "off",
         "LOG_LEVEL": "WARNING",
@@ -720,6 +721,7 @@ def main() -> None:
     sizes = sorted(int(s) for s in args.sizes.split(","))
     load_at_start = os.getloadavg()
     floors = machine.probe()
+    cpu_share = machine.CpuShare()
     torch.set_num_threads(args.threads)
 
     paraphrases = load_pairs("paraphrase_pairs.jsonl")
@@ -758,6 +760,7 @@ def main() -> None:
             "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
             "probe": floors,
+            "cpu_share_during_run": cpu_share.shares(),
         },
         "config": {
             "threshold": THRESHOLD,

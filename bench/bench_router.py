@@ -46,6 +46,7 @@ import grpc_skeleton
 import machine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from llm_common.grpc_runtime import with_grpc_runtime
 from llm_common.testing import free_port, redis_url_for_tests
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
@@ -133,7 +134,8 @@ class Proc:
 
 def _spawn(name: str, args: list[str], env: dict[str, str], logdir: Path, port: int) -> Proc:
     log = (logdir / f"{name}.log").open("wb")
-    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", "METRICS_PORT": "off", **env}
+    full_env = with_grpc_runtime(os.environ) | {"PYTHONUNBUFFERED": "1", "METRICS_PORT": "off"}
+    full_env |= env
     process = subprocess.Popen(args, env=full_env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     return Proc(name, process, port)
 
@@ -389,7 +391,7 @@ def _deps(logdir: Path, work: Path) -> tuple[list[Proc], dict[str, Any]]:
         args = [sys.executable, __file__, "--deps", json.dumps(config), "--dep", name]
         process = subprocess.Popen(
             args,
-            env={**os.environ, "LOG_LEVEL": level, "OMP_NUM_THREADS": "1"},
+            env=with_grpc_runtime(os.environ) | {"LOG_LEVEL": level, "OMP_NUM_THREADS": "1"},
             stdout=subprocess.PIPE,
             stderr=(logdir / f"{name}.log").open("wb"),
             cwd=ROOT,
@@ -771,6 +773,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     load_before = os.getloadavg()
     floors = machine.probe()
+    cpu_share = machine.CpuShare()
     result = asyncio.run(run(args))
     overhead = result["overhead"]
     overhead["machine_floor"] = machine.floor_note(
@@ -780,7 +783,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     _plot(result, args.out.with_suffix(".png"))
-    about = _machine(load_before) | {"probe": floors}
+    about = _machine(load_before) | {"probe": floors, "cpu_share_during_run": cpu_share.shares()}
     report = {"benchmark": "router", "machine": about, **_strip_samples(result)}
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))

@@ -357,6 +357,7 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     floors = machine.probe()
+    cpu_share = machine.CpuShare()
     with tempfile.TemporaryDirectory(prefix="bench-stack-") as run_dir:
         result = run(stack_config(Path(run_dir)), args)
     added = result["concurrency_1"]["added_ms"]["paired_p50"]
@@ -371,6 +372,7 @@ def main() -> None:
             "python": platform.python_version(),
             "platform": platform.platform(),
             "probe": floors,
+            "cpu_share_during_run": cpu_share.shares(),
         },
         "workload": {
             "model": MODEL,

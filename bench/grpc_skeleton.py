@@ -13,6 +13,7 @@ Usage (internal, started by bench_router): python bench/grpc_skeleton.py leaf|mi
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+
+from llm_common.grpc_runtime import with_grpc_runtime
 
 STREAM_MESSAGES = 5
 PAYLOAD = b"x" * 200
@@ -78,7 +81,8 @@ async def _serve(port: int, handler: grpc.GenericRpcHandler) -> None:
 def spawn(role: str, *ports: int) -> subprocess.Popen[bytes]:
     """Start a leaf or middle process and wait until it serves."""
     args = [sys.executable, str(Path(__file__).resolve()), role, *map(str, ports)]
-    process = subprocess.Popen(args, stdout=subprocess.PIPE)
+    env = with_grpc_runtime(os.environ)  # as the services run
+    process = subprocess.Popen(args, stdout=subprocess.PIPE, env=env)
     assert process.stdout is not None
     if process.stdout.readline().strip() != b"ready":
         raise RuntimeError(f"skeleton {role} did not start")

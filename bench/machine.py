@@ -4,9 +4,12 @@ benchmark's own numbers against, taken in the same run.
 Shared 2-core machines differ from run to run (1.5-2x seen between sessions on the same
 code), so a latency goal is only judged fairly next to the floor the machine itself sets:
 - `python_ms`: a fixed pure-Python loop (CPU speed as Python code sees it);
-- `grpc_unary`: a grpc.aio server with no interceptors and no work (health Check), called from
-  a blocking client in this process: what any Python gRPC hop costs here, p50 and p99;
-- `timer_wakeup`: how late a 0.2 ms sleep wakes up (scheduling jitter), p50 and p99.
+- `grpc_unary`: a grpc.aio server with no interceptors and no work (health Check), started
+  with the services' gRPC runtime settings (llm_common.grpc_runtime) and called from a
+  blocking client in this process: what any Python gRPC hop costs here, p50 and p99;
+- `timer_wakeup`: how late a 0.2 ms sleep wakes up (scheduling jitter), p50 and p99;
+- `CpuShare`: over a whole run, the share of CPU time the hypervisor gave to other guests
+  (`steal` in /proc/stat: on a virtual machine, time this one wanted to run and could not).
 
 Usage: `probe()` -> dict, or `python bench/machine.py` to print it;
 `python bench/machine.py serve` is the probe's own server process.
@@ -28,6 +31,8 @@ from typing import Any
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
+
+from llm_common.grpc_runtime import with_grpc_runtime
 
 LOOP_N = 2_000_000
 GRPC_CALLS = 2000
@@ -77,7 +82,9 @@ async def _serve() -> None:
 def grpc_unary() -> dict[str, float]:
     """p50/p99 of a bare grpc.aio unary call from a blocking client (another process)."""
     server = subprocess.Popen(
-        [sys.executable, str(Path(__file__).resolve()), "serve"], stdout=subprocess.PIPE
+        [sys.executable, str(Path(__file__).resolve()), "serve"],
+        stdout=subprocess.PIPE,
+        env=with_grpc_runtime(os.environ),  # as the services run
     )
     try:
         assert server.stdout is not None
@@ -110,6 +117,31 @@ def probe() -> dict[str, Any]:
         "grpc_unary": grpc_unary(),
         "timer_wakeup": timer_wakeup(),
     }
+
+
+class CpuShare:
+    """CPU time by kind since construction, from /proc/stat (Linux; empty elsewhere)."""
+
+    _FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+    def __init__(self) -> None:
+        self._start = self._read()
+
+    def _read(self) -> list[int]:
+        try:
+            first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        except OSError:
+            return []
+        return [int(v) for v in first[1 : 1 + len(self._FIELDS)]]
+
+    def shares(self) -> dict[str, float]:
+        """Each kind's share of all CPU time since construction (steal included)."""
+        now = self._read()
+        if not now or not self._start:
+            return {}
+        spent = [b - a for a, b in zip(self._start, now, strict=True)]
+        total = sum(spent) or 1
+        return {k: round(v / total, 4) for k, v in zip(self._FIELDS, spent, strict=True)}
 
 
 def floor_note(goal_ms: float, floor_ms: float, what: str) -> dict[str, Any]:

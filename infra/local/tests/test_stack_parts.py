@@ -13,11 +13,13 @@ import pytest
 import yaml
 
 from llm_common.config import ConfigError
+from llm_common.grpc_runtime import GRPC_RUNTIME_ENV
 from llm_stack import catalogue
 from llm_stack.config import StackConfig, free_ports, metrics_port_for, parse_endpoint
 from llm_stack.credentials import ensure_credentials, new_api_key
 from llm_stack.process import ManagedProcess, ProcessSpec, pid_alive, terminate_recorded
 from llm_stack.redis_server import redis_spec
+from llm_stack.specs import base_env
 from llm_stack.state import ProcessRecord, StackState, clear_state, read_state, write_state
 
 REPO = Path(__file__).resolve().parents[3]
@@ -243,3 +245,13 @@ def test_an_exited_unreaped_child_is_not_alive() -> None:
         time.sleep(0.05)
     assert not pid_alive(child.pid)  # a zombie until wait() below
     assert child.wait(timeout=5) == 0
+
+
+def test_every_process_starts_with_the_grpc_runtime_unless_overridden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = StackConfig.from_env(REPO, {"LLM_RUN_DIR": str(tmp_path)})
+    monkeypatch.delenv("GRPC_EXPERIMENTS", raising=False)
+    assert {k: base_env(config)[k] for k in GRPC_RUNTIME_ENV} == dict(GRPC_RUNTIME_ENV)
+    monkeypatch.setenv("GRPC_EXPERIMENTS", "")
+    assert base_env(config)["GRPC_EXPERIMENTS"] == ""

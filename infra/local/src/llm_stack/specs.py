@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from llm_common.grpc_runtime import with_grpc_runtime
 from llm_envoy.layouts import LocalPorts
 from llm_envoy.topology import SERVICES
 from llm_envoy.validate import envoy_binary
@@ -35,7 +36,7 @@ class Shared:
 
 
 def base_env(config: StackConfig) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _DROPPED}
+    env = with_grpc_runtime({k: v for k, v in os.environ.items() if k not in _DROPPED})
     env |= {"PYTHONUNBUFFERED": "1", "LOG_LEVEL": config.log_level}
     if config.otlp is not None:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{config.otlp}"
