@@ -70,8 +70,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def prompt(i: int) -> str:
-    return f"Request {i}: tell me about the river, the mountain and the sea."
+def prompt(i: int, path: str = FULL) -> str:
+    """Pair i's prompt on `path`. The edge and router paths get different texts (of the same
+    token count): the router's token memo would otherwise spare whichever runs second its
+    tokenizer call. The direct path sends the edge path's prompt tokens."""
+    tag = "b" if path == ROUTER else "a"
+    return f"Request {i}{tag}: tell me about the river, the mountain and the sea."
 
 
 class Paths:
@@ -95,14 +99,19 @@ class Paths:
             max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True
         )
 
-    def _completion(self, i: int) -> pb.CompleteStreamRequest:
+    def _completion(self, i: int, path: str) -> pb.CompleteStreamRequest:
         return pb.CompleteStreamRequest(
-            model=MODEL, prompt=prompt(i), sampling=self.sampling, cache=pb.CachePolicy(bypass=True)
+            model=MODEL,
+            prompt=prompt(i, path),
+            sampling=self.sampling,
+            cache=pb.CachePolicy(bypass=True),
         )
 
     async def full(self, i: int) -> float:
         started = time.perf_counter()
-        call = self._llm.CompleteStream(self._completion(i), metadata=self._metadata, timeout=120)
+        call = self._llm.CompleteStream(
+            self._completion(i, FULL), metadata=self._metadata, timeout=120
+        )
         async for _ in call:
             pass
         return (time.perf_counter() - started) * 1000
@@ -110,7 +119,7 @@ class Paths:
     async def router(self, i: int) -> float:
         started = time.perf_counter()
         call = self._router.CompleteStream(
-            self._completion(i), metadata=self._identity, timeout=120
+            self._completion(i, ROUTER), metadata=self._identity, timeout=120
         )
         async for _ in call:
             pass
@@ -141,16 +150,21 @@ class Paths:
 
 
 async def tokenize(endpoints: Endpoints, count: int) -> dict[int, list[int]]:
-    """Prompt token ids as the router sends them (the tokenizer's Encode of the raw prompt)."""
+    """Prompt token ids as the router sends them (the tokenizer's Encode of the raw prompt),
+    checking that each pair's prompts are as long on the edge and router paths."""
     async with grpc.aio.insecure_channel(endpoints.grpc["tokenizer"]) as channel:
         stub = tok_grpc.TokenizerServiceStub(channel)
-        reply = await stub.Encode(
-            tok_pb.EncodeRequest(
-                model=MODEL, texts=[prompt(i) for i in range(count)], add_special_tokens=True
-            ),
-            timeout=30,
-        )
-    return {i: list(e.ids) for i, e in enumerate(reply.encodings)}
+
+        async def encode(path: str) -> list[list[int]]:
+            texts = [prompt(i, path) for i in range(count)]
+            request = tok_pb.EncodeRequest(model=MODEL, texts=texts, add_special_tokens=True)
+            reply = await stub.Encode(request, timeout=30)
+            return [list(e.ids) for e in reply.encodings]
+
+        full, router = await encode(FULL), await encode(ROUTER)
+    if [len(ids) for ids in full] != [len(ids) for ids in router]:
+        raise RuntimeError("the edge and router prompts differ in length")
+    return dict(enumerate(full))
 
 
 def _rotation(step: int) -> tuple[str, ...]:
@@ -378,7 +392,7 @@ def main() -> None:
             "model": MODEL,
             "max_tokens": MAX_TOKENS,
             "sampling": "greedy, ignore_eos",
-            "prompts": "distinct per pair",
+            "prompts": "distinct per pair and per path (same token count)",
         },
         "goals": {"added_p50_ms_at_c1": GOAL_ADDED_P50_MS, "cache_hit_rps": GOAL_CACHE_RPS},
         # The added latency judged by the paired median (see _difference).
