@@ -877,15 +877,13 @@ def main() -> None:
     parser.add_argument("--redis-url", default=None, help="default: REDIS_URL or local Redis")
     parser.add_argument("--out", type=Path, default=RESULTS / "billing.json")
     args = parser.parse_args()
-    floors = machine.probe()
-    cpu_share = machine.CpuShare()
+    watch = machine.Run()
     result = asyncio.run(bench(args))
-    result["setup"]["probe"] = floors
-    result["setup"]["cpu_share_during_run"] = cpu_share.shares()
+    result["setup"] |= watch.report()
     # Every settle crosses at least one gRPC hop: its p99 on this machine, idle, is a floor.
     result["goal"]["machine_floor"] = machine.floor_note(
         GOAL_P99_MS,
-        floors["grpc_unary"]["p99_ms"],
+        watch.probe["grpc_unary"]["p99_ms"],
         "p99 of a bare grpc.aio unary call, concurrency 1, before the run (bench/machine.py)",
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -720,8 +720,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     load_at_start = os.getloadavg()
-    floors = machine.probe()
-    cpu_share = machine.CpuShare()
+    watch = machine.Run()
     torch.set_num_threads(args.threads)
 
     paraphrases = load_pairs("paraphrase_pairs.jsonl")
@@ -759,8 +758,7 @@ def main() -> None:
             "machine": platform.machine(),
             "load_average_at_start": load_at_start,
             "load_average_at_end": os.getloadavg(),
-            "probe": floors,
-            "cpu_share_during_run": cpu_share.shares(),
+            **watch.report(),
         },
         "config": {
             "threshold": THRESHOLD,

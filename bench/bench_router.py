@@ -772,8 +772,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(_serve_dep(args.dep, json.loads(args.deps)))
         return 0
     load_before = os.getloadavg()
-    floors = machine.probe()
-    cpu_share = machine.CpuShare()
+    watch = machine.Run()
     result = asyncio.run(run(args))
     overhead = result["overhead"]
     overhead["machine_floor"] = machine.floor_note(
@@ -783,7 +782,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     _plot(result, args.out.with_suffix(".png"))
-    about = _machine(load_before) | {"probe": floors, "cpu_share_during_run": cpu_share.shares()}
+    about = _machine(load_before) | watch.report()
     report = {"benchmark": "router", "machine": about, **_strip_samples(result)}
     args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))

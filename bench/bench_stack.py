@@ -370,8 +370,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS / "stack.json")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
-    floors = machine.probe()
-    cpu_share = machine.CpuShare()
+    watch = machine.Run()
     with tempfile.TemporaryDirectory(prefix="bench-stack-") as run_dir:
         result = run(stack_config(Path(run_dir)), args)
     added = result["concurrency_1"]["added_ms"]["paired_p50"]
@@ -385,8 +384,7 @@ def main() -> None:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
-            "probe": floors,
-            "cpu_share_during_run": cpu_share.shares(),
+            **watch.report(),
         },
         "workload": {
             "model": MODEL,

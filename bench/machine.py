@@ -107,16 +107,8 @@ def grpc_unary() -> dict[str, float]:
 
 
 def probe() -> dict[str, Any]:
-    """The machine, its load and its floors, measured now."""
-    return {
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "python_ms": python_ms(),
-        "grpc_unary": grpc_unary(),
-        "timer_wakeup": timer_wakeup(),
-    }
+    """The machine's floors, measured now (the benchmarks record cpus, Python and load)."""
+    return {"python_ms": python_ms(), "grpc_unary": grpc_unary(), "timer_wakeup": timer_wakeup()}
 
 
 class CpuShare:
@@ -144,6 +136,17 @@ class CpuShare:
         return {k: round(v / total, 4) for k, v in zip(self._FIELDS, spent, strict=True)}
 
 
+class Run:
+    """Made before a benchmark runs: the probe taken then, and CPU shares from then on."""
+
+    def __init__(self) -> None:
+        self.probe = probe()
+        self._share = CpuShare()
+
+    def report(self) -> dict[str, Any]:
+        return {"probe": self.probe, "cpu_share_during_run": self._share.shares()}
+
+
 def floor_note(goal_ms: float, floor_ms: float, what: str) -> dict[str, Any]:
     """Whether a latency goal lies below what the machine alone costs for the same path."""
     return {
@@ -158,4 +161,5 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["serve"]:
         asyncio.run(_serve())
     else:
-        print(json.dumps(probe(), indent=2))
+        about = {"cpus": os.cpu_count(), "python": platform.python_version(), **probe()}
+        print(json.dumps(about, indent=2))
