@@ -75,7 +75,7 @@ class _Method:
 class _Call:
     """Bookkeeping of one RPC: context variables in, metrics and the access log line out."""
 
-    __slots__ = ("_deadline_token", "_id_token", "_method", "_peer", "_span", "_start")
+    __slots__ = ("_deadline_token", "_ended", "_id_token", "_method", "_peer", "_span", "_start")
 
     def __init__(self, method: _Method, context: Context) -> None:
         self._method = method
@@ -91,29 +91,41 @@ class _Call:
         self._deadline_token = deadline_var.set(deadline_after(context.time_remaining()))
         method.metrics.started(method.service, method.name)
         self._start = time.perf_counter()
+        self._ended = False
 
     async def fail(self, context: Context, error: Exception) -> None:
-        """Turn a handler's exception into its status; the client never sees internals."""
+        """Turn a handler's exception into its status; the client never sees internals.
+
+        The call is recorded (span, metrics, log) before the status is sent: once the caller
+        has it, it may look for them at once.
+        """
         if isinstance(error, grpc.aio.AbortError):  # the handler already chose its status
             raise error
         if isinstance(error, ServiceError):
-            await context.abort_with_status(error.to_status())
+            status = error.to_status()
+            self._record(status.code)
+            await context.abort_with_status(status)
         _log.exception("unhandled error in RPC handler", method=self._method.full_name)
+        self._record(grpc.StatusCode.INTERNAL)
         await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
 
     def end(self, context: Context, error: BaseException | None) -> None:
-        method = self._method
-        duration = time.perf_counter() - self._start
-        code = _final_code(context, error)
-        method.metrics.finished(method.service, method.name, code.name, duration)
-        _access_log(method, code.name, duration, self._peer)
-        if self._span is not None:
-            self._span.end(code)
+        if not self._ended:
+            self._record(_final_code(context, error))
         try:
             deadline_var.reset(self._deadline_token)
             request_id_var.reset(self._id_token)
         except ValueError:
             pass  # a cancelled stream is closed from another context, which dies with it
+
+    def _record(self, code: grpc.StatusCode) -> None:
+        self._ended = True
+        method = self._method
+        duration = time.perf_counter() - self._start
+        method.metrics.finished(method.service, method.name, code.name, duration)
+        _access_log(method, code.name, duration, self._peer)
+        if self._span is not None:
+            self._span.end(code)
 
 
 def _final_code(context: Context, error: BaseException | None) -> grpc.StatusCode:

@@ -74,22 +74,27 @@ def metered(behavior: Behavior, service: str, method: str, metrics: RpcMetrics) 
     async def call(request: Any, context: Context) -> Any:
         metrics.started(service, method)
         start = time.perf_counter()
-        code = "OK"
+
+        def finished(code: str) -> None:
+            # Recorded before a status is sent: the caller may read the metrics once it has it.
+            metrics.finished(service, method, code, time.perf_counter() - start)
+
         try:
             refuse_undecodable(request)
-            return await behavior(request, context)
+            response = await behavior(request, context)
         except ServiceError as err:
-            code = err.code.name
+            finished(err.code.name)
             await context.abort_with_status(err.to_status())
         except asyncio.CancelledError:
-            code = "CANCELLED"
+            finished("CANCELLED")
             raise
         except Exception:
-            code = "INTERNAL"
             _log.exception("unhandled error in RPC handler", method=f"/{service}/{method}")
+            finished("INTERNAL")
             await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE)
-        finally:
-            metrics.finished(service, method, code, time.perf_counter() - start)
+        else:
+            finished("OK")
+            return response
         raise AssertionError("unreachable: abort raises")
 
     return call
