@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 
 from hypothesis import given, settings
@@ -11,11 +12,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from llm_common.logging import (
     _SECRET_PATTERN,
     REDACTED,
+    configure_logging,
     get_logger,
     request_id_var,
     scrub_text,
 )
-from llm_common.testing import LogCapture
+from llm_common.testing import LogCapture, captured_logs
 
 
 def test_structlog_line_has_context(json_logs: LogCapture) -> None:
@@ -75,6 +77,38 @@ def test_level_filters(json_logs: LogCapture) -> None:
     get_logger("x").info("hidden")
     get_logger("x").warning("shown")
     assert [line["event"] for line in json_logs.records()] == ["shown"]
+
+
+def test_a_loggers_own_stdlib_level_applies(json_logs: LogCapture) -> None:
+    quiet = logging.getLogger("chatty")
+    quiet.setLevel(logging.ERROR)
+    try:
+        get_logger("chatty").warning("dropped")
+        get_logger("chatty").error("kept")
+        get_logger("other").debug("also kept")  # the capture's root level is DEBUG
+    finally:
+        quiet.setLevel(logging.NOTSET)
+    assert [line["event"] for line in json_logs.records()] == ["kept", "also kept"]
+
+
+def test_exceptions_log_at_error_with_a_traceback(json_logs: LogCapture) -> None:
+    try:
+        raise RuntimeError("boom")
+    except RuntimeError:
+        get_logger("svc").exception("failed")
+    (line,) = json_logs.records()
+    assert line["level"] == "error"
+    assert "RuntimeError: boom" in line["exception"]
+
+
+def test_a_closed_stream_never_fails_the_caller() -> None:
+    stream = io.StringIO()
+    with captured_logs() as capture:
+        configure_logging("test", stream=stream)
+        stream.close()
+        get_logger("svc").info("lost")  # must not raise
+        get_logger("svc").info("still fine")
+    assert capture.text == ""
 
 
 @settings(max_examples=400, deadline=None, derandomize=True)

@@ -138,17 +138,18 @@ def _final_code(context: Context, error: BaseException | None) -> grpc.StatusCod
 
 
 def _access_log(method: _Method, code: str, duration: float, peer: str) -> None:
-    # Quiet methods log at DEBUG, which is usually off: ask the stdlib logger first, because
-    # a structlog call builds a bound logger even for a line it then drops.
-    if method.quiet and not _stdlib_log.isEnabledFor(logging.DEBUG):
+    if method.quiet:
+        level = logging.DEBUG
+    else:
+        level = logging.WARNING if code in _SERVER_FAULTS else logging.INFO
+    # Ask the stdlib logger first (it caches the answer): a structlog call builds a bound
+    # logger even for a line it then drops, and quiet methods log at DEBUG, usually off.
+    if not _stdlib_log.isEnabledFor(level):
         return
     fields = {"method": method.full_name, "code": code, "duration_ms": round(duration * 1e3, 3)}
-    if method.quiet:
-        _log.debug("rpc", **fields)
-    elif code in _SERVER_FAULTS:
-        _log.warning("rpc", peer=peer, **fields)
-    else:
-        _log.info("rpc", peer=peer, **fields)
+    if not method.quiet:
+        fields["peer"] = peer
+    _log.log(level, "rpc", **fields)
 
 
 @dataclass(frozen=True, slots=True)

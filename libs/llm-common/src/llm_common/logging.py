@@ -95,8 +95,15 @@ def _add_context(_: Any, __: str, event: _Event) -> _Event:
     return event
 
 
+# Fields the pipeline itself fills in (names, levels, hex ids, times): never user data, so
+# not scrubbed. `request_id` is not among them: a caller chooses it.
+_PIPELINE_KEYS = frozenset({"timestamp", "level", "logger", "service", "trace_id", "span_id"})
+
+
 def _redact(_: Any, __: str, event: _Event) -> _Event:
     for key, value in event.items():
+        if key in _PIPELINE_KEYS:
+            continue
         if is_sensitive_key(key):
             event[key] = REDACTED
         elif isinstance(value, str):
@@ -107,8 +114,7 @@ def _redact(_: Any, __: str, event: _Event) -> _Event:
 def _shared_processors(service_name: str) -> list[structlog.types.Processor]:
     return [
         structlog.contextvars.merge_contextvars,
-        structlog.stdlib.add_log_level,
-        structlog.stdlib.add_logger_name,
+        structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
         _add_service(service_name),
         _add_context,
@@ -116,9 +122,14 @@ def _shared_processors(service_name: str) -> list[structlog.types.Processor]:
 
 
 def _formatter(service_name: str) -> structlog.stdlib.ProcessorFormatter:
-    # Redaction runs last, after exception rendering, so tracebacks are scrubbed too.
+    # For stdlib loggers (libraries). Redaction runs last, after exception rendering, so
+    # tracebacks are scrubbed too.
     return structlog.stdlib.ProcessorFormatter(
-        foreign_pre_chain=[*_shared_processors(service_name), structlog.stdlib.ExtraAdder()],
+        foreign_pre_chain=[
+            structlog.stdlib.add_logger_name,
+            *_shared_processors(service_name),
+            structlog.stdlib.ExtraAdder(),
+        ],
         processors=[
             structlog.stdlib.ProcessorFormatter.remove_processors_meta,
             structlog.processors.format_exc_info,
@@ -126,6 +137,51 @@ def _formatter(service_name: str) -> structlog.stdlib.ProcessorFormatter:
             structlog.processors.JSONRenderer(),
         ],
     )
+
+
+_LEVELS = logging.getLevelNamesMapping()
+
+
+def _drop_below_level(logger: _LineWriter, method: str, event: _Event) -> _Event:
+    # The stdlib logger of the same name decides, so levels set through `logging` (per
+    # logger, or on the root) apply to structlog's lines too.
+    level = _LEVELS.get(method.upper(), logging.ERROR)  # `exception` logs at ERROR
+    if not logging.getLogger(logger.name).isEnabledFor(level):
+        raise structlog.DropEvent
+    return event
+
+
+def _add_logger_name(logger: _LineWriter, _: str, event: _Event) -> _Event:
+    event["logger"] = logger.name
+    return event
+
+
+class _LineWriter:
+    """Where structlog's rendered lines go: the stdlib handler's stream, under its lock.
+
+    structlog's own loggers are rendered straight to JSON. Passing them through stdlib logging
+    (a LogRecord, copied again by the formatter, and a caller lookup for each line) cost about
+    three times as much, and every RPC writes an access line.
+    """
+
+    __slots__ = ("_handler", "name")
+
+    def __init__(self, handler: logging.StreamHandler[TextIO], name: str) -> None:
+        self._handler = handler
+        self.name = name
+
+    def msg(self, line: str) -> None:
+        handler = self._handler
+        handler.acquire()
+        try:
+            handler.stream.write(line + "\n")
+            handler.stream.flush()
+        except (OSError, ValueError):
+            pass  # as with stdlib handlers: a closed or broken stream never fails the caller
+        finally:
+            handler.release()
+
+    debug = info = warning = warn = error = exception = critical = fatal = log = msg
 
 
 def configure_logging(
@@ -140,20 +196,27 @@ def configure_logging(
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level.upper())
+
+    def writer(name: str = "root", *_: Any) -> _LineWriter:
+        return _LineWriter(handler, name)
+
     structlog.configure(
         processors=[
-            structlog.stdlib.filter_by_level,
+            _drop_below_level,
+            _add_logger_name,
             *_shared_processors(service_name),
             structlog.processors.StackInfoRenderer(),
-            structlog.stdlib.ProcessorFormatter.wrap_for_formatter,
+            structlog.processors.format_exc_info,
+            _redact,
+            structlog.processors.JSONRenderer(),
         ],
-        logger_factory=structlog.stdlib.LoggerFactory(),
-        wrapper_class=structlog.stdlib.BoundLogger,
+        logger_factory=writer,
+        wrapper_class=structlog.make_filtering_bound_logger(logging.NOTSET),
         cache_logger_on_first_use=False,
     )
 
 
-def get_logger(name: str) -> structlog.stdlib.BoundLogger:
-    """A structlog logger backed by the stdlib logger `name`."""
-    logger: structlog.stdlib.BoundLogger = structlog.stdlib.get_logger(name)
+def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
+    """A structlog logger named `name`; the stdlib logger of that name sets its level."""
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)
     return logger
