@@ -55,6 +55,7 @@ from llm_billing.usage import Granularity, UsageQuery
 from llm_common.grpc_runtime import with_grpc_runtime
 from llm_common.testing import free_port, redis_url_for_tests, settings_for_tests
 from llm_router.clients import BillingClient
+from llm_router.config import DownstreamSettings
 from llm_router.settle_batch import SettleBatcher
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
@@ -76,10 +77,20 @@ CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 GRPC_ARMS = ("grpc", "grpc_baseline_1x1")
 BATCHED_ARM = "grpc_batched_1x1"
 SETTLE_ONLY_ARM = "settle_only_batch_1x1"
-BATCH_MAX = 64  # the router's ROUTER_SETTLE_BATCH_MAX default
-BATCH_WAIT_S = 0.002  # the router's ROUTER_SETTLE_BATCH_WAIT_MS default
+# The router's SettleBatcher as it runs by default (ROUTER_SETTLE_BATCH_*).
+_ROUTER = DownstreamSettings(tokenizer_addr="-", billing_addr="-")
+BATCH_MAX = _ROUTER.settle_batch_max
+BATCH_WAIT_S = _ROUTER.settle_batch_wait_ms / 1000
+BATCH_IN_FLIGHT = _ROUTER.settle_batch_in_flight
+BATCH_SHAPE = (
+    f"{BATCH_MAX} items / {BATCH_WAIT_S * 1e3:g} ms, sent at once while fewer than "
+    f"{BATCH_IN_FLIGHT} are in flight"
+)
 SETTLE_ONLY_CALLS_IN_FLIGHT = 2  # one answered while the next is on its way
 STREAM_ARM = "settle_stream_1x1"
+# The same stream through a batcher that always waits for its size or time (the router
+# before ROUTER_SETTLE_BATCH_IN_FLIGHT): the in-run baseline of the batching rule.
+STREAM_TIMER_ARM = "settle_stream_timer_only_1x1"
 STREAM_RATE_PER_S = 2500.0  # offered settles/s of the open-loop arm: the goal plus 25%
 
 PRE_RESERVED = ("settle_only", "settle_stream")  # modes that settle requests reserved ahead
@@ -119,6 +130,7 @@ class Work:
     channels: int
     mode: str = "unary"  # unary | batched | settle_only | settle_stream
     rate_per_s: float = 0.0  # settle_stream: offered settles per second
+    in_flight: int = BATCH_IN_FLIGHT  # the SettleBatcher's max_in_flight
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -174,14 +186,14 @@ def arm_report(arm: Arm) -> dict[str, Any]:
     }
 
 
-def settle_stream_report(arm: Arm, setups: tuple[Setup, ...]) -> dict[str, Any]:
+def settle_stream_report(arm: Arm, setup: Setup) -> dict[str, Any]:
     """Open-loop settles through the router's SettleBatcher at a fixed offered rate."""
-    (setup,) = (s for s in setups if s.name == STREAM_ARM)
     cpu_ms = {name: round(s * 1e3 / arm.settles, 4) for name, s in arm.cpu_s.items()}
     return {
         "server_processes": arm.server_processes,
         "client_processes": arm.client_processes,
         "offered_settles_per_s": setup.rate_per_s,
+        "batches_in_flight_before_queueing": setup.in_flight,
         "settles_per_s": round(arm.settles / arm.elapsed_s, 1),
         "settles_per_call": round(arm.settles / max(1, arm.settle_calls), 2),
         # From when each settle was due to its answer: queue wait + SettleBatch call.
@@ -326,12 +338,18 @@ async def drive_settle_only(
 
 
 async def drive_settle_stream(
-    billing: BillingClient, ids: list[int], prefix: str, rate_per_s: float
+    billing: BillingClient, ids: list[int], prefix: str, rate_per_s: float, in_flight: int
 ) -> dict[str, Any]:
     """Open loop, as the router's settlements arrive: settles of pre-reserved requests
     submitted at `rate_per_s` to the router's SettleBatcher. A settle's latency counts from
     when it was due, so a client that falls behind does not hide the wait."""
-    batcher = SettleBatcher(billing, max_items=BATCH_MAX, wait_s=BATCH_WAIT_S, timeout_s=10)
+    batcher = SettleBatcher(
+        billing,
+        max_items=BATCH_MAX,
+        wait_s=BATCH_WAIT_S,
+        timeout_s=10,
+        max_in_flight=in_flight,
+    )
     out: dict[str, Any] = {"reserve": [], "settle": [], "pair": [], "settles": len(ids)}
 
     async def settle(i: int, due: float) -> None:
@@ -378,10 +396,18 @@ async def client_work(work: Work) -> dict[str, Any]:
             return await drive_settle_only(stubs[0], list(ids), work.prefix, work.concurrency)
         if work.mode == "settle_stream":
             billing = BillingClient(channels[0], timeout_s=10, breaker=None)
-            return await drive_settle_stream(billing, list(ids), work.prefix, work.rate_per_s)
+            return await drive_settle_stream(
+                billing, list(ids), work.prefix, work.rate_per_s, work.in_flight
+            )
         if work.mode == "batched":
             billing = BillingClient(channels[0], timeout_s=10, breaker=None)
-            batcher = SettleBatcher(billing, max_items=BATCH_MAX, wait_s=BATCH_WAIT_S, timeout_s=10)
+            batcher = SettleBatcher(
+                billing,
+                max_items=BATCH_MAX,
+                wait_s=BATCH_WAIT_S,
+                timeout_s=10,
+                max_in_flight=work.in_flight,
+            )
             pair: Pair = BatchedPair(stubs, batcher)
         else:
             pair = grpc_pair(stubs)
@@ -465,6 +491,7 @@ class Setup:
     channels_per_client: int
     mode: str = "unary"
     rate_per_s: float = 0.0  # settle_stream only
+    in_flight: int = BATCH_IN_FLIGHT  # the SettleBatcher's max_in_flight (batched, streams)
 
 
 async def run_grpc_round(
@@ -476,7 +503,7 @@ async def run_grpc_round(
         concurrency = SETTLE_ONLY_CALLS_IN_FLIGHT
     works = [
         Work(setup.server.target, prefix, i, n, count, max(1, concurrency // n),
-             setup.channels_per_client, setup.mode, setup.rate_per_s / n)
+             setup.channels_per_client, setup.mode, setup.rate_per_s / n, setup.in_flight)
         for i in range(n)
     ]  # fmt: skip
     server_before, redis_before = server_cpu_s(setup.server.pid), await redis_cpu_s(redis_client)
@@ -571,6 +598,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 Setup(BATCHED_ARM, single, 1, 1, mode="batched"),
                 Setup(SETTLE_ONLY_ARM, single, 1, 1, mode="settle_only"),
                 Setup(STREAM_ARM, single, 1, 1, "settle_stream", args.settle_rate),
+                Setup(STREAM_TIMER_ARM, single, 1, 1, "settle_stream", args.settle_rate, 0),
             )
             for setup in setups:
                 warm = Arm(setup.server.workers, setup.client_processes)
@@ -610,7 +638,9 @@ async def compare(
             )
         await run_direct_round(billing, f"d{concurrency}-{r}", per_round, concurrency, direct)
     settle_only = settle_only_report(arms.pop(SETTLE_ONLY_ARM))
-    stream = settle_stream_report(arms.pop(STREAM_ARM), setups)
+    by_name = {s.name: s for s in setups}
+    stream = settle_stream_report(arms.pop(STREAM_ARM), by_name[STREAM_ARM])
+    stream_timer = settle_stream_report(arms.pop(STREAM_TIMER_ARM), by_name[STREAM_TIMER_ARM])
     reports = {name: arm_report(arm) for name, arm in arms.items()}
     scaled, base, batched = reports["scaled"], reports["baseline_1x1"], reports[BATCHED_ARM]
     direct_report = arm_report(direct)
@@ -621,6 +651,7 @@ async def compare(
         BATCHED_ARM: batched,
         SETTLE_ONLY_ARM: settle_only,
         STREAM_ARM: stream,
+        STREAM_TIMER_ARM: stream_timer,
         "direct_in_process": direct_report,
         "grpc_added_p50_ms": round(scaled["pair"]["p50_ms"] - direct_report["pair"]["p50_ms"], 3),
         "summary": {
@@ -732,7 +763,7 @@ def report(
         _verdict(
             "batched_pairs",
             "Reserve unary + settles coalesced into SettleBatch by the router's SettleBatcher "
-            f"({BATCH_MAX} items / {BATCH_WAIT_S * 1e3:g} ms), 1 server x 1 client process: "
+            f"({BATCH_SHAPE}), 1 server x 1 client process: "
             "settles/s (= pairs/s, every settle answered) and p99 of a settle's queue wait "
             "plus its SettleBatch call",
             levels,
@@ -751,7 +782,7 @@ def report(
         _verdict(
             "settle_stream",
             "open loop: settles of reserved requests arriving at a fixed rate (the goal + 25%) "
-            f"into the router's SettleBatcher ({BATCH_MAX} items / {BATCH_WAIT_S * 1e3:g} ms), "
+            f"into the router's SettleBatcher ({BATCH_SHAPE}), "
             "1 server x 1 client process: settles/s answered and p99 of a settle from when it "
             "was due to its answer (what the router's settlement path sees)",
             levels,
@@ -810,7 +841,7 @@ def _verdict(
     """The goal judged on one metric, at the arm and level with the most settles/s; for the
     open-loop arm, whose offered rate is the same at every level, at its median p99 run."""
     runs = [(lv["concurrency"], arm, lv[arm]) for lv in levels for arm in arms]
-    if arms == (STREAM_ARM,):
+    if arms[0].startswith("settle_stream"):
         concurrency, arm, best = sorted(runs, key=lambda run: p99(run[2]))[len(runs) // 2]
     else:
         concurrency, arm, best = max(runs, key=lambda run: run[2]["settles_per_s"])

@@ -30,6 +30,7 @@ DEFAULT_MODEL_ROOT = ".cache/models"
 DEFAULT_OUTBOX_DIR = ".cache/router-outbox"
 # A settle waits at most this long for others to share its SettleBatch call.
 MAX_SETTLE_BATCH_WAIT_MS = 1000.0
+MAX_SETTLE_BATCHES_IN_FLIGHT = 64
 _DISABLED = frozenset({"off", "none", "disabled"})
 BALANCERS = ("expected_wait", "round_robin")
 
@@ -171,10 +172,12 @@ class DownstreamSettings:
     call_timeout_s: float = 5.0  # each unary downstream call, capped by the caller's deadline
     request_timeout_s: float = 300.0  # whole request when the caller sent no deadline
     settle_timeout_s: float = 5.0  # settlement calls, which outlive the caller's deadline
-    # Settlements share SettleBatch calls: one goes out when this many are queued or
-    # `settle_batch_wait_ms` after the first, whichever comes first. 0: one call each.
+    # Settlements share SettleBatch calls: one goes out at once while fewer than
+    # `settle_batch_in_flight` are in flight; otherwise when this many are queued, when one in
+    # flight returns, or `settle_batch_wait_ms` after the first. 0: one call each.
     settle_batch_max: int = 64
     settle_batch_wait_ms: float = 2.0
+    settle_batch_in_flight: int = 1  # 0: every batch waits for the size or the time
     breaker_fail_max: int = 5
     breaker_reset_s: float = 10.0
     quota_fail_open: bool = True  # admit when auth's token quota cannot be checked
@@ -209,6 +212,10 @@ class DownstreamSettings:
             raise ConfigError.for_variable(
                 "ROUTER_SETTLE_BATCH_MAX", f"must be in 0..{MAX_BATCH_ITEMS} (0: no batching)"
             )
+        if not 0 <= self.settle_batch_in_flight <= MAX_SETTLE_BATCHES_IN_FLIGHT:
+            raise ConfigError.for_variable(
+                "ROUTER_SETTLE_BATCH_IN_FLIGHT", f"must be in 0..{MAX_SETTLE_BATCHES_IN_FLIGHT}"
+            )
         if not 0.0 <= self.settle_batch_wait_ms <= MAX_SETTLE_BATCH_WAIT_MS:
             raise ConfigError.for_variable(
                 "ROUTER_SETTLE_BATCH_WAIT_MS", f"must be in 0..{MAX_SETTLE_BATCH_WAIT_MS:g}"
@@ -228,6 +235,9 @@ class DownstreamSettings:
             settle_batch_max=env_int(environ, "ROUTER_SETTLE_BATCH_MAX", d.settle_batch_max),
             settle_batch_wait_ms=env_float(
                 environ, "ROUTER_SETTLE_BATCH_WAIT_MS", d.settle_batch_wait_ms, min_value=0.0
+            ),
+            settle_batch_in_flight=env_int(
+                environ, "ROUTER_SETTLE_BATCH_IN_FLIGHT", d.settle_batch_in_flight
             ),
             breaker_fail_max=env_int(environ, "ROUTER_BREAKER_FAIL_MAX", d.breaker_fail_max),
             breaker_reset_s=env_float(environ, "ROUTER_BREAKER_RESET_S", d.breaker_reset_s),

@@ -171,6 +171,7 @@ async def build_runtime(
             max_items=d.settle_batch_max,
             wait_s=d.settle_batch_wait_ms / 1000,
             timeout_s=d.settle_timeout_s,
+            max_in_flight=d.settle_batch_in_flight,
         )
     settler = Settler(
         billing,

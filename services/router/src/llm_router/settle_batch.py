@@ -3,9 +3,11 @@
 grpc-python spends about as much CPU per unary call on each side as billing spends on the
 ledger, so one call per settle caps billing's throughput; settles are off the request's
 critical path, so waiting a couple of milliseconds to share a call costs the caller nothing.
-A batch goes out when `max_items` are queued or `wait_s` after its first item, whichever
-comes first; each caller gets its own item's outcome (a response, or the ServiceError the
-unary call would have raised).
+A batch goes out at once while fewer than `max_in_flight` batches are in flight (so an idle
+router settles without waiting, and under load the calls in flight set the batch size);
+otherwise when `max_items` are queued, when a batch in flight returns, or `wait_s` after its
+first item, whichever comes first. Each caller gets its own item's outcome (a response, or
+the ServiceError the unary call would have raised).
 """
 
 from __future__ import annotations
@@ -34,18 +36,28 @@ class BatchSender(Protocol):
 class SettleBatcher:
     """Queues Settle/Release calls and sends them as SettleBatch calls.
 
-    A failure of the whole call (e.g. UNAVAILABLE) is raised to every caller of that batch,
-    exactly as the unary call would have raised it to each."""
+    `max_in_flight` 0: every batch waits for `max_items` or `wait_s`. A failure of the whole
+    call (e.g. UNAVAILABLE) is raised to every caller of that batch, exactly as the unary call
+    would have raised it to each."""
 
     def __init__(
-        self, sender: BatchSender, *, max_items: int, wait_s: float, timeout_s: float
+        self,
+        sender: BatchSender,
+        *,
+        max_items: int,
+        wait_s: float,
+        timeout_s: float,
+        max_in_flight: int = 0,
     ) -> None:
         if not 1 <= max_items <= MAX_BATCH_ITEMS:
             raise ValueError(f"max_items must be in 1..{MAX_BATCH_ITEMS}")
+        if max_in_flight < 0:
+            raise ValueError("max_in_flight must be >= 0")
         self._sender = sender
         self._max_items = max_items
         self._wait_s = wait_s
         self._timeout_s = timeout_s
+        self._max_in_flight = max_in_flight
         self._queue: list[tuple[BillingCall, asyncio.Future[CallResponse]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -60,7 +72,7 @@ class SettleBatcher:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[CallResponse] = loop.create_future()
         self._queue.append((call, future))
-        if len(self._queue) >= self._max_items:
+        if len(self._queue) >= self._max_items or self._room():
             self._send_queued()
         elif self._timer is None:
             self._timer = loop.call_later(self._wait_s, self._send_queued)
@@ -72,6 +84,15 @@ class SettleBatcher:
         if self._in_flight:
             await asyncio.wait(set(self._in_flight))
 
+    def _room(self) -> bool:
+        return len(self._in_flight) < self._max_in_flight
+
+    def _after(self, task: asyncio.Task[None]) -> None:
+        # A batch returned: what queued behind it goes out now, without waiting for its timer.
+        self._in_flight.discard(task)
+        if self._queue and self._room():
+            self._send_queued()
+
     def _send_queued(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -81,7 +102,7 @@ class SettleBatcher:
         batch, self._queue = self._queue, []
         task = asyncio.get_running_loop().create_task(self._send(batch))
         self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
+        task.add_done_callback(self._after)
 
     async def _send(self, batch: list[tuple[BillingCall, asyncio.Future[CallResponse]]]) -> None:
         self.batches_sent += 1

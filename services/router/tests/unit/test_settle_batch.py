@@ -1,5 +1,6 @@
-"""SettleBatcher's flush rules (size or time, whichever first; whole-call failures to every
-caller) and the ROUTER_SETTLE_BATCH_* settings. The billing side is in
+"""SettleBatcher's flush rules (at once while a call slot is free; else size, a returning
+call or time, whichever first; whole-call failures to every caller) and the
+ROUTER_SETTLE_BATCH_* settings. The billing side is in
 tests/integration/test_settle_batching.py."""
 
 from __future__ import annotations
@@ -96,13 +97,75 @@ async def test_flush_sends_the_queue_now() -> None:
     assert sender.calls == [["r0"]]
 
 
+class GatedSender(RecordingSender):
+    """Holds every call until `open` is set, so calls stay in flight on demand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = asyncio.Event()
+
+    async def settle_batch(
+        self, calls: Sequence[BillingCall], timeout_s: float
+    ) -> list[ItemResult]:
+        self.calls.append([c.request_id for c in calls])
+        await self.open.wait()
+        return [billing_pb.SettleResponse(request_id=c.request_id) for c in calls]
+
+
+async def test_an_idle_batcher_sends_at_once() -> None:
+    sender = RecordingSender()
+    batcher = SettleBatcher(sender, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1)
+    reply = await asyncio.wait_for(batcher.submit(settle("r0")), timeout=5)
+    assert reply.request_id == "r0"  # type: ignore[union-attr]
+    assert sender.calls == [["r0"]]
+
+
+async def test_items_queued_behind_a_call_go_out_when_it_returns() -> None:
+    sender = GatedSender()
+    batcher = SettleBatcher(sender, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1)
+    first = asyncio.ensure_future(batcher.submit(settle("r0")))
+    await asyncio.sleep(0.01)
+    rest = [asyncio.ensure_future(batcher.submit(settle(f"r{i}"))) for i in (1, 2, 3)]
+    await asyncio.sleep(0.01)
+    assert sender.calls == [["r0"]]  # the slot is taken: the others wait
+    assert len(batcher) == 3
+    sender.open.set()
+    await asyncio.wait_for(asyncio.gather(first, *rest), timeout=5)
+    assert sender.calls == [["r0"], ["r1", "r2", "r3"]]
+
+
+async def test_the_wait_still_caps_a_queue_behind_a_slow_call() -> None:
+    sender = GatedSender()
+    batcher = SettleBatcher(sender, max_items=64, wait_s=0.01, timeout_s=1.0, max_in_flight=1)
+    first = asyncio.ensure_future(batcher.submit(settle("r0")))
+    await asyncio.sleep(0)
+    second = asyncio.ensure_future(batcher.submit(settle("r1")))
+    await asyncio.sleep(0.1)
+    assert sender.calls == [["r0"], ["r1"]]  # sent after the wait, the first still in flight
+    sender.open.set()
+    await asyncio.wait_for(asyncio.gather(first, second), timeout=5)
+
+
 def test_batching_is_on_by_default_and_configurable() -> None:
     default = Settings.from_env(REQUIRED).downstream
-    assert (default.settle_batch_max, default.settle_batch_wait_ms) == (64, 2.0)
+    assert (
+        default.settle_batch_max,
+        default.settle_batch_wait_ms,
+        default.settle_batch_in_flight,
+    ) == (64, 2.0, 1)
     custom = Settings.from_env(
-        {**REQUIRED, "ROUTER_SETTLE_BATCH_MAX": "0", "ROUTER_SETTLE_BATCH_WAIT_MS": "5"}
+        {
+            **REQUIRED,
+            "ROUTER_SETTLE_BATCH_MAX": "0",
+            "ROUTER_SETTLE_BATCH_WAIT_MS": "5",
+            "ROUTER_SETTLE_BATCH_IN_FLIGHT": "0",
+        }
     ).downstream
-    assert (custom.settle_batch_max, custom.settle_batch_wait_ms) == (0, 5.0)
+    assert (
+        custom.settle_batch_max,
+        custom.settle_batch_wait_ms,
+        custom.settle_batch_in_flight,
+    ) == (0, 5.0, 0)
 
 
 @pytest.mark.parametrize(
@@ -112,6 +175,8 @@ def test_batching_is_on_by_default_and_configurable() -> None:
         ({"ROUTER_SETTLE_BATCH_MAX": "-1"}, "ROUTER_SETTLE_BATCH_MAX"),
         ({"ROUTER_SETTLE_BATCH_WAIT_MS": "-1"}, "ROUTER_SETTLE_BATCH_WAIT_MS"),
         ({"ROUTER_SETTLE_BATCH_WAIT_MS": "5000"}, "ROUTER_SETTLE_BATCH_WAIT_MS"),
+        ({"ROUTER_SETTLE_BATCH_IN_FLIGHT": "-1"}, "ROUTER_SETTLE_BATCH_IN_FLIGHT"),
+        ({"ROUTER_SETTLE_BATCH_IN_FLIGHT": "65"}, "ROUTER_SETTLE_BATCH_IN_FLIGHT"),
     ],
 )
 def test_bad_batch_settings_name_the_variable(overrides: dict[str, str], variable: str) -> None:
