@@ -44,3 +44,19 @@ async def test_start_metrics_server_returns_the_bound_port(registry: CollectorRe
 def test_split_method() -> None:
     assert split_method("/llmapi.llm.v1.LLMService/Chat") == ("llmapi.llm.v1.LLMService", "Chat")
     assert split_method("garbage") == ("unknown", "garbage")
+
+
+def test_each_method_and_code_counts_apart(registry: CollectorRegistry) -> None:
+    metrics = RpcMetrics(registry)
+    for code in ("OK", "OK", "NOT_FOUND"):
+        metrics.started("a.v1.S", "Get")
+        metrics.finished("a.v1.S", "Get", code, 0.003)
+    metrics.started("a.v1.S", "Put")
+    sample = registry.get_sample_value
+    get, put = {"service": "a.v1.S", "method": "Get"}, {"service": "a.v1.S", "method": "Put"}
+    assert sample("llm_rpc_requests_total", {**get, "code": "OK"}) == 2
+    assert sample("llm_rpc_requests_total", {**get, "code": "NOT_FOUND"}) == 1
+    assert sample("llm_rpc_duration_seconds_count", get) == 3
+    assert sample("llm_rpc_in_flight", get) == 0
+    assert sample("llm_rpc_in_flight", put) == 1
+    assert sample("llm_rpc_requests_total", {**put, "code": "OK"}) is None

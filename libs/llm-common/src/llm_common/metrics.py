@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -68,15 +68,48 @@ class RpcMetrics:
             registry=registry,
         )
 
+        # (service, method) -> its labelled children: `labels()` takes a lock and builds a
+        # key on every call, and every RPC of every service records three of them.
+        self._methods: dict[tuple[str, str], _MethodMetrics] = {}
+
+    def _method(self, service: str, method: str) -> _MethodMetrics:
+        found = self._methods.get((service, method))
+        if found is None:
+            found = _MethodMetrics(
+                in_flight=self.in_flight.labels(service, method),
+                duration=self.duration.labels(service, method),
+                requests=self.requests,
+                labels=(service, method),
+            )
+            self._methods[(service, method)] = found
+        return found
+
     def started(self, service: str, method: str) -> None:
         """Count an RPC as in flight."""
-        self.in_flight.labels(service, method).inc()
+        self._method(service, method).in_flight.inc()
 
     def finished(self, service: str, method: str, code: str, duration_s: float) -> None:
         """Record an RPC's outcome and duration."""
-        self.in_flight.labels(service, method).dec()
-        self.requests.labels(service, method, code).inc()
-        self.duration.labels(service, method).observe(duration_s)
+        self._method(service, method).finished(code, duration_s)
+
+
+@dataclass(slots=True)
+class _MethodMetrics:
+    """One method's labelled children, resolved once."""
+
+    in_flight: Gauge
+    duration: Histogram
+    requests: Counter  # the parent: children per status code are added as codes appear
+    labels: tuple[str, str]
+    by_code: dict[str, Counter] = field(default_factory=dict)
+
+    def finished(self, code: str, duration_s: float) -> None:
+        self.in_flight.dec()
+        counter = self.by_code.get(code)
+        if counter is None:
+            counter = self.by_code[code] = self.requests.labels(*self.labels, code)
+        counter.inc()
+        self.duration.observe(duration_s)
 
 
 @functools.cache
