@@ -255,3 +255,13 @@ def test_every_process_starts_with_the_grpc_runtime_unless_overridden(
     assert {k: base_env(config)[k] for k in GRPC_RUNTIME_ENV} == dict(GRPC_RUNTIME_ENV)
     monkeypatch.setenv("GRPC_EXPERIMENTS", "")
     assert base_env(config)["GRPC_EXPERIMENTS"] == ""
+
+
+def test_services_listen_on_loopback_unless_overridden(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = StackConfig.from_env(REPO, {"LLM_RUN_DIR": str(tmp_path)})
+    monkeypatch.delenv("BIND_HOST", raising=False)
+    assert base_env(config)["BIND_HOST"] == "127.0.0.1"
+    monkeypatch.setenv("BIND_HOST", "[::]")
+    assert base_env(config)["BIND_HOST"] == "[::]"

@@ -69,6 +69,10 @@ def test_blank_values_count_as_unset() -> None:
         ({"SHUTDOWN_GRACE_S": "nan"}, "SHUTDOWN_GRACE_S"),
         ({"LOG_LEVEL": "chatty"}, "LOG_LEVEL"),
         ({"MAX_MESSAGE_BYTES": "0"}, "MAX_MESSAGE_BYTES"),
+        ({"BIND_HOST": "1.2.3.4:80"}, "BIND_HOST"),
+        ({"BIND_HOST": "a host"}, "BIND_HOST"),
+        ({"BIND_HOST": "http://x"}, "BIND_HOST"),
+        ({"BIND_HOST": "999.1.1.1"}, "BIND_HOST"),
     ],
 )
 def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) -> None:
@@ -76,6 +80,23 @@ def test_invalid_values_name_the_variable(env: dict[str, str], variable: str) ->
         _from_env(env)
     assert info.value.variable == variable
     assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize(
+    ("raw", "address", "target"),
+    [
+        (None, None, "[::]:7"),
+        ("0.0.0.0", None, "0.0.0.0:7"),
+        ("127.0.0.1", "127.0.0.1", "127.0.0.1:7"),
+        ("::1", "::1", "[::1]:7"),
+        ("[::1]", "::1", "[::1]:7"),
+        ("localhost", "localhost", "localhost:7"),
+    ],
+)
+def test_bind_host(raw: str | None, address: str | None, target: str) -> None:
+    settings = _from_env({} if raw is None else {"BIND_HOST": raw})
+    assert settings.bind_address == address  # None: every interface
+    assert settings.bind_target(7) == target
 
 
 def test_direct_construction_is_validated() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 import signal
 import time
@@ -84,6 +85,47 @@ async def test_sigterm_drains_with_health_not_serving() -> None:
         watch.cancel()  # let the drain finish before the grace period
     await asyncio.wait_for(task, 10)
     assert stopped.is_set()
+
+
+def _listening_addresses(port: int) -> set[str]:
+    """The local addresses of the TCP sockets listening on `port` (Linux /proc/net)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as rows:
+            for row in list(rows)[1:]:
+                local, state = row.split()[1], row.split()[3]
+                address, hex_port = local.split(":")
+                if state != "0A" or int(hex_port, 16) != port:  # 0A: LISTEN
+                    continue
+                raw = bytes.fromhex(address)
+                # The kernel prints each 32-bit word in host (little-endian) order.
+                raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
+                ip = ipaddress.ip_address(raw)
+                mapped = getattr(ip, "ipv4_mapped", None)  # grpc binds IPv4 on IPv6 sockets
+                found.add(str(mapped or ip))
+    return found
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/net/tcp"), reason="reads Linux /proc/net")
+@pytest.mark.parametrize(
+    ("bind_host", "listening"), [("127.0.0.1", {"127.0.0.1"}), ("[::]", {"::"})]
+)
+async def test_bind_host_is_where_the_server_listens(bind_host: str, listening: set[str]) -> None:
+    ready: asyncio.Future[BuiltServer] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    settings = ServerSettings("echo", grpc_port=0, metrics_port=None, bind_host=bind_host)
+    task = asyncio.create_task(
+        serve(settings, bytes_service(SERVICE, unary={"Echo": echo}), stop=stop,
+              ready=ready.set_result)
+    )  # fmt: skip
+    try:
+        built = await asyncio.wait_for(ready, 10)
+        assert _listening_addresses(built.port) == listening
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{built.port}") as channel:
+            assert await _health(channel) == SERVING
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
 
 
 async def test_failed_on_start_stops_the_server_without_on_stop() -> None:

@@ -38,6 +38,9 @@ class Shared:
 def base_env(config: StackConfig) -> dict[str, str]:
     env = with_grpc_runtime({k: v for k, v in os.environ.items() if k not in _DROPPED})
     env |= {"PYTHONUNBUFFERED": "1", "LOG_LEVEL": config.log_level}
+    # Services listen on loopback only: their ports trust the identity headers the edge adds,
+    # so only the edge (LLM_LISTEN_HOST) may face the network. An explicit BIND_HOST wins.
+    env.setdefault("BIND_HOST", "127.0.0.1")
     if config.otlp is not None:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://{config.otlp}"
     return env

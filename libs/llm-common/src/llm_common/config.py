@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, Self, overload
 
 MIB = 1 << 20
+ANY_HOST = "[::]"  # every interface, IPv4 and IPv6
+WILDCARD_HOSTS = frozenset({ANY_HOST, "::", "0.0.0.0"})
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -155,6 +160,10 @@ class ServerSettings:
     log_level: str = "INFO"
     otlp_endpoint: str | None = None
     max_message_bytes: int = 16 * MIB
+    # Where every listener of the service binds: all interfaces by default (containers);
+    # a single-host layout binds loopback, so the unauthenticated internal ports (which trust
+    # the edge's identity headers) are not reachable from the network.
+    bind_host: str = ANY_HOST
 
     def __post_init__(self) -> None:
         if not self.service_name:
@@ -168,6 +177,10 @@ class ServerSettings:
             raise ConfigError.for_variable("LOG_LEVEL", f"must be one of {', '.join(LOG_LEVELS)}")
         if self.max_message_bytes <= 0:
             raise ConfigError.for_variable("MAX_MESSAGE_BYTES", "must be positive")
+        if not _is_host(self.bind_host):
+            raise ConfigError.for_variable(
+                "BIND_HOST", "must be an IP address or host name, e.g. 127.0.0.1 or [::]"
+            )
 
     @classmethod
     def from_env(
@@ -178,8 +191,8 @@ class ServerSettings:
         default_grpc_port: int,
         default_metrics_port: int | None,
     ) -> Self:
-        """Read GRPC_PORT, METRICS_PORT, SHUTDOWN_GRACE_S, LOG_LEVEL, MAX_MESSAGE_BYTES and
-        OTEL_EXPORTER_OTLP_ENDPOINT; ConfigError names the offending variable."""
+        """Read GRPC_PORT, METRICS_PORT, SHUTDOWN_GRACE_S, LOG_LEVEL, MAX_MESSAGE_BYTES,
+        OTEL_EXPORTER_OTLP_ENDPOINT and BIND_HOST; ConfigError names the offending variable."""
         return cls(
             service_name=service_name,
             grpc_port=env_port(environ, "GRPC_PORT", default_grpc_port),
@@ -188,7 +201,31 @@ class ServerSettings:
             log_level=env_str(environ, "LOG_LEVEL", "INFO").upper(),
             otlp_endpoint=env_str(environ, "OTEL_EXPORTER_OTLP_ENDPOINT"),
             max_message_bytes=env_int(environ, "MAX_MESSAGE_BYTES", 16 * MIB, min_value=1),
+            bind_host=env_str(environ, "BIND_HOST", ANY_HOST) or ANY_HOST,
         )
+
+    @property
+    def bind_address(self) -> str | None:
+        """`bind_host` for a plain socket (no brackets), or None for every interface."""
+        if self.bind_host in WILDCARD_HOSTS:
+            return None
+        return self.bind_host.removeprefix("[").removesuffix("]")
+
+    def bind_target(self, port: int) -> str:
+        """`host:port` for grpc's add_insecure_port (an IPv6 address in brackets)."""
+        host = self.bind_host
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"{host}:{port}"
+
+
+def _is_host(host: str) -> bool:
+    """An IPv4/IPv6 address (IPv6 optionally in brackets) or a DNS name."""
+    try:
+        ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return _HOST_NAME.fullmatch(host) is not None and not host.replace(".", "").isdigit()
+    return True
 
 
 def _check_port(name: str, port: int) -> None:

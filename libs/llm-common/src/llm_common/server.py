@@ -76,13 +76,14 @@ def build_server(
     settings: ServerSettings,
     spec: ServiceSpec,
     *,
-    host: str = "[::]",
+    host: str | None = None,
     metrics: RpcMetrics | None = None,
     tracer_provider: trace.TracerProvider | None = None,
 ) -> BuiltServer:
     """Server with interceptors, the service, health and reflection, bound to its port.
 
-    `metrics` and `tracer_provider` default to the process-wide ones.
+    `host` defaults to `settings.bind_host` (BIND_HOST); `metrics` and `tracer_provider`
+    default to the process-wide ones.
     """
     server = grpc.aio.server(
         interceptors=[
@@ -96,7 +97,11 @@ def build_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(f"{host}:{settings.grpc_port}")
+    if host is None:
+        target = settings.bind_target(settings.grpc_port)
+    else:
+        target = f"{host}:{settings.grpc_port}"
+    port = server.add_insecure_port(target)
     return BuiltServer(server=server, health=health_servicer, port=port)
 
 
@@ -126,7 +131,7 @@ async def running(
     settings: ServerSettings,
     spec: ServiceSpec,
     *,
-    host: str = "[::]",
+    host: str | None = None,
     metrics: RpcMetrics | None = None,
     tracer_provider: trace.TracerProvider | None = None,
 ) -> AsyncIterator[BuiltServer]:
@@ -177,7 +182,9 @@ async def serve(
     if faults:
         spec = dataclasses.replace(spec, interceptors=(*spec.interceptors, *faults))
     provider = configure_tracing(settings.service_name, settings.otlp_endpoint)
-    endpoint = None if settings.metrics_port is None else serve_metrics(settings.metrics_port)
+    endpoint = None
+    if settings.metrics_port is not None:
+        endpoint = serve_metrics(settings.metrics_port, addr=settings.bind_address or "0.0.0.0")
     stop = stop if stop is not None else asyncio.Event()
     try:
         with _stop_on_signals(stop):

@@ -133,7 +133,7 @@ async def start_edge_server(
     rls: RateLimitServicer,
     settings: ServerSettings,
     *,
-    host: str = "[::]",
+    host: str | None = None,
     metrics: RpcMetrics | None = None,
 ) -> EdgeServer:
     """Serve Check, ShouldRateLimit and grpc.health.v1 on `port` (0 picks a free one) without
@@ -153,7 +153,8 @@ async def start_edge_server(
     health_pb2_grpc.add_HealthServicer_to_server(probes, server)
     for name in ("", *services):
         await probes.set(name, health_pb2.HealthCheckResponse.SERVING)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    target = settings.bind_target(port) if host is None else f"{host}:{port}"
+    bound = server.add_insecure_port(target)
     await server.start()
     _log.info("serving Envoy's ext_authz and rate-limit calls", port=bound)
     return EdgeServer(server, probes, bound)

@@ -126,7 +126,10 @@ class AuthApp:
             )
         if self.settings.http_authz_port is not None:
             self.http_authz = await start_http_authz(
-                self.settings.http_authz_port, self.authz, metrics=self._rpc_metrics
+                self.settings.http_authz_port,
+                self.authz,
+                host=self.settings.server.bind_address,
+                metrics=self._rpc_metrics,
             )
 
     async def _store_bootstrap_key(self) -> None:
