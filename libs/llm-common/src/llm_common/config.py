@@ -201,7 +201,7 @@ class ServerSettings:
             log_level=env_str(environ, "LOG_LEVEL", "INFO").upper(),
             otlp_endpoint=env_str(environ, "OTEL_EXPORTER_OTLP_ENDPOINT"),
             max_message_bytes=env_int(environ, "MAX_MESSAGE_BYTES", 16 * MIB, min_value=1),
-            bind_host=env_str(environ, "BIND_HOST", ANY_HOST) or ANY_HOST,
+            bind_host=env_str(environ, "BIND_HOST", ANY_HOST),
         )
 
     @property
@@ -211,9 +211,10 @@ class ServerSettings:
             return None
         return self.bind_host.removeprefix("[").removesuffix("]")
 
-    def bind_target(self, port: int) -> str:
-        """`host:port` for grpc's add_insecure_port (an IPv6 address in brackets)."""
-        host = self.bind_host
+    def bind_target(self, port: int, host: str | None = None) -> str:
+        """`host:port` for grpc's add_insecure_port (an IPv6 address in brackets); `host`
+        overrides `bind_host` (tests bind 127.0.0.1)."""
+        host = self.bind_host if host is None else host
         if ":" in host and not host.startswith("["):
             host = f"[{host}]"
         return f"{host}:{port}"

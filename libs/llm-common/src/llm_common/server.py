@@ -97,11 +97,7 @@ def build_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
-    if host is None:
-        target = settings.bind_target(settings.grpc_port)
-    else:
-        target = f"{host}:{settings.grpc_port}"
-    port = server.add_insecure_port(target)
+    port = server.add_insecure_port(settings.bind_target(settings.grpc_port, host))
     return BuiltServer(server=server, health=health_servicer, port=port)
 
 

@@ -153,8 +153,7 @@ async def start_edge_server(
     health_pb2_grpc.add_HealthServicer_to_server(probes, server)
     for name in ("", *services):
         await probes.set(name, health_pb2.HealthCheckResponse.SERVING)
-    target = settings.bind_target(port) if host is None else f"{host}:{port}"
-    bound = server.add_insecure_port(target)
+    bound = server.add_insecure_port(settings.bind_target(port, host))
     await server.start()
     _log.info("serving Envoy's ext_authz and rate-limit calls", port=bound)
     return EdgeServer(server, probes, bound)
