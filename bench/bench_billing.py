@@ -356,14 +356,19 @@ async def drive_settle_stream(
     # the loop for milliseconds while the last settles are still waiting for their answers.
     pending, all_done = len(ids), asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
+    errors: list[Exception] = []
 
     async def settle(i: int, due: float) -> None:
         nonlocal pending
-        await batcher.submit(settle_request(f"{prefix}-{i}", f"bench{i % TENANTS}"))
-        out["settle"].append((time.perf_counter() - due) * 1e3)
-        pending -= 1
-        if not pending:
-            all_done.set()
+        try:
+            await batcher.submit(settle_request(f"{prefix}-{i}", f"bench{i % TENANTS}"))
+            out["settle"].append((time.perf_counter() - due) * 1e3)
+        except Exception as exc:  # raised below, once every settle has ended
+            errors.append(exc)
+        finally:
+            pending -= 1
+            if not pending:
+                all_done.set()
 
     out["start"] = start = time.perf_counter()
     cpu = time.process_time()
@@ -376,6 +381,8 @@ async def drive_settle_stream(
         task.add_done_callback(tasks.discard)
     if ids:
         await all_done.wait()
+    if errors:
+        raise errors[0]
     out["end"], out["cpu_s"] = time.perf_counter(), time.process_time() - cpu
     out["settle_calls"] = batcher.batches_sent
     return out
