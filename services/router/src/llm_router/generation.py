@@ -125,10 +125,11 @@ class LiveSource:
     cache_hit = "miss"
     similarity = 0.0
 
-    def __init__(self, started: Started, releaser: Releaser) -> None:
+    def __init__(self, started: Started, releaser: Releaser, background: Background) -> None:
         self._started = started
         self._call: GenerateCall = started.call
         self._releaser = releaser
+        self._background = background
         self.replica = started.placed.choice.replica
         self.route_reason = started.placed.choice.reason
         self._done = False
@@ -139,8 +140,11 @@ class LiveSource:
             while message is not None:
                 finished = bool(message.finish_reason)
                 if finished:
+                    # The final message carries everything the answer needs; the stream's
+                    # end (the replica's status) is read in the background, off the answer's
+                    # path, so the call still completes instead of being cancelled.
                     self._done = True
-                    await self._drain()
+                    self._background.spawn(self._drain())
                 yield Piece(
                     text=message.text_delta,
                     token_ids=tuple(message.token_ids),

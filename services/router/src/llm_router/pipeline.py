@@ -104,7 +104,7 @@ class Pipeline:
             hit = await self._lookup(prepared.request, key)
             if hit is not None:
                 return self._generation(info, CachedSource(hit), policy, admission, key)
-            live = LiveSource(await self._dispatch(prepared), self._dispatcher)
+            live = LiveSource(await self._dispatch(prepared), self._dispatcher, self._background)
             return self._generation(info, live, policy, admission, key)
         except BaseException:
             self._settler.submit(admission, NOTHING)
@@ -148,7 +148,7 @@ class Pipeline:
                 self._abandon(dispatch, "cache_hit")
                 return self._generation(info, CachedSource(hit), policy, admission, key)
             assert dispatch is not None
-            live = LiveSource(await dispatch, self._dispatcher)
+            live = LiveSource(await dispatch, self._dispatcher, self._background)
             return self._generation(info, live, policy, admission, key)
         except BaseException:
             self._abandon(dispatch, "failed")
