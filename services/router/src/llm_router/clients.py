@@ -19,6 +19,7 @@ from llm_common.errors import (
 from llm_common.resilience import AsyncBreaker, BreakerOpen
 from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error, is_client_error
 from llm_router.load import LoadSnapshot
+from llm_router.local_tokenizer import LocalTokenizer
 from llm_router.settle_batch import BillingCall, ItemResult
 from llm_router.token_memo import TokenMemo, memo_key
 from llmapi.auth.v1 import auth_service_pb2 as auth_pb
@@ -62,7 +63,9 @@ def new_breaker(name: str, *, fail_max: int, reset_s: float) -> AsyncBreaker:
 class TokenizerClient:
     """llmapi.tokenizer.v1: the exact prompt tokens. No breaker: without it nothing is admitted.
 
-    With a memo, an identical prompt from the same tenant is answered from it (see TokenMemo).
+    Models that `local` serves are tokenized in-process (see local_tokenizer), the rest by the
+    service. With a memo, an identical prompt from the same tenant is answered from it (see
+    TokenMemo).
     """
 
     service = "tokenizer"
@@ -73,11 +76,13 @@ class TokenizerClient:
         timeout_s: float,
         memo: TokenMemo | None = None,
         memo_counter: Counter | None = None,
+        local: LocalTokenizer | None = None,
     ) -> None:
         self._stub = tok_grpc.TokenizerServiceStub(channel)
         self._timeout_s = timeout_s
         self._memo = memo
         self._memo_counter = memo_counter
+        self._local = local
 
     async def chat_prompt(
         self, model: str, messages: Sequence[common_pb2.ChatMessage], *, tenant: str = ""
@@ -85,6 +90,8 @@ class TokenizerClient:
         """Token ids of the templated conversation, ending with the assistant's turn marker."""
 
         async def fetch() -> list[int]:
+            if self._local is not None and self._local.serves(model):
+                return await self._local.chat_prompt(model, messages)
             request = tok_pb.ApplyChatTemplateRequest(
                 model=model, messages=messages, add_generation_prompt=True
             )
@@ -101,6 +108,8 @@ class TokenizerClient:
         """Token ids of a raw prompt, with the tokenizer's special tokens (BOS)."""
 
         async def fetch() -> list[int]:
+            if self._local is not None and self._local.serves(model):
+                return await self._local.encode(model, text)
             request = tok_pb.EncodeRequest(model=model, texts=[text], add_special_tokens=True)
             response = await _call(
                 self.service, lambda: self._stub.Encode(request, timeout=self._timeout_s)

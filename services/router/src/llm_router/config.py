@@ -18,6 +18,7 @@ from llm_common.config import (
     env_optional_port,
     env_str,
 )
+from llm_router.local_tokenizer import TokenizeMode
 from llm_router.settle_batch import MAX_BATCH_ITEMS
 from llm_router.token_memo import MemoSettings
 
@@ -279,12 +280,14 @@ class Settings:
     http_host: str = "127.0.0.1"
     http_port: int | None = None
     token_memo: MemoSettings = field(default_factory=MemoSettings)
+    tokenize: TokenizeMode = TokenizeMode.AUTO
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         """Read GRPC_PORT, METRICS_PORT, ... (see ServerSettings), MODELS_CONFIG, MODEL_ROOT,
         ROUTER_POLICIES, ROUTER_OUTBOX_DIR, ROUTER_HTTP_HOST, ROUTER_HTTP_PORT (default off),
         ROUTER_TOKEN_MEMO_TOKENS / _TTL_S (the tokenization memo; 0 tokens = off),
+        ROUTER_TOKENIZE (auto | local | service: see local_tokenizer),
         the *_SERVICE_ADDR variables and ROUTER_*;
         ConfigError names the offending variable."""
         server = ServerSettings.from_env(
@@ -305,7 +308,17 @@ class Settings:
             http_host=env_str(environ, "ROUTER_HTTP_HOST", "127.0.0.1"),
             http_port=env_optional_port(environ, "ROUTER_HTTP_PORT", None),
             token_memo=_memo_from_env(environ),
+            tokenize=_tokenize_mode(environ),
         )
+
+
+def _tokenize_mode(environ: Mapping[str, str]) -> TokenizeMode:
+    value = env_str(environ, "ROUTER_TOKENIZE", TokenizeMode.AUTO.value).lower()
+    try:
+        return TokenizeMode(value)
+    except ValueError:
+        choices = ", ".join(mode.value for mode in TokenizeMode)
+        raise ConfigError.for_variable("ROUTER_TOKENIZE", f"must be one of {choices}") from None
 
 
 def _memo_from_env(environ: Mapping[str, str]) -> MemoSettings:

@@ -34,6 +34,7 @@ from llm_router.dispatch import Dispatcher
 from llm_router.embedder import Embedder
 from llm_router.load import LoadBoard
 from llm_router.load_watch import LoadWatcher
+from llm_router.local_tokenizer import load_local
 from llm_router.model_routing import ModelRouter
 from llm_router.observability import RouterMetrics
 from llm_router.openai_http import OpenAIHttp, start_openai_http
@@ -144,8 +145,9 @@ async def build_runtime(
         return made
 
     memo = TokenMemo(settings.token_memo) if settings.token_memo.max_tokens > 0 else None
+    local = await asyncio.to_thread(load_local, catalog, settings.tokenize)
     tokenizer = TokenizerClient(
-        channel(d.tokenizer_addr), d.call_timeout_s, memo, metrics.token_memo
+        channel(d.tokenizer_addr), d.call_timeout_s, memo, metrics.token_memo, local
     )
     billing = BillingClient(channel(d.billing_addr), d.call_timeout_s, breakers["billing"])
     quota = None
@@ -230,6 +232,7 @@ async def build_runtime(
         router=router,
         tokenizer=tokenizer,
         policies=policies,
+        background=background,
         limits=settings.limits,
         region_header=r.region_header,
         request_timeout_s=d.request_timeout_s,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -16,6 +16,7 @@ from llm_common.errors import FieldViolation, InvalidArgument
 from llm_common.interceptors import new_request_id
 from llm_common.logging import current_request_id
 from llm_router import validation
+from llm_router.background import Background
 from llm_router.clients import TokenizerClient
 from llm_router.config import Limits
 from llm_router.embedder import Embedder
@@ -53,6 +54,7 @@ class ServiceDeps:
     router: ModelRouter
     tokenizer: TokenizerClient
     policies: PolicyBook
+    background: Background
     limits: Limits = field(default_factory=Limits)
     region_header: str = "x-llm-region"
     request_timeout_s: float = 300.0
@@ -185,12 +187,21 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         with self._deadline():
             generation = await self._open(parsed, caller, stream=False)
             answer = _Answer()
+            chunks = generation.chunks()
+            finished = False
             try:
-                async with aclosing(generation.chunks()) as chunks:
-                    async for chunk in chunks:
-                        _collect(answer, chunk)
+                async for chunk in chunks:
+                    _collect(answer, chunk)
+                    if chunk.usage is not None:  # the last chunk
+                        finished = True
+                        break
             finally:
-                generation.abandon()
+                if finished:
+                    # The answer is complete: settlement, the cache store and the metrics of
+                    # closing the generation run after it is sent, not before.
+                    self._d.background.spawn(_close(chunks, generation))
+                else:
+                    await _close(chunks, generation)
         return answer, generation
 
     async def _stream_messages(
@@ -244,6 +255,13 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
             yield
         finally:
             deadline_var.reset(token)
+
+
+async def _close(chunks: AsyncGenerator[Chunk, None], generation: Generation) -> None:
+    try:
+        await chunks.aclose()
+    finally:
+        generation.abandon()
 
 
 def _collect(answer: _Answer, chunk: Chunk) -> None:

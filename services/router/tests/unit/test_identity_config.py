@@ -11,6 +11,7 @@ from llm_common.config import ConfigError
 from llm_common.errors import PermissionDenied, Unauthenticated
 from llm_router.config import Settings
 from llm_router.identity import Caller, caller_from_metadata
+from llm_router.local_tokenizer import TokenizeMode
 
 from .conftest import model
 
@@ -91,6 +92,7 @@ def test_settings_defaults_and_overrides() -> None:
             "INFERENCE_MESH_ADDR": "127.0.0.1:15001",
             "ROUTER_MAX_MESSAGES": "8",
             "ROUTER_QUOTA_FAIL_OPEN": "false",
+            "ROUTER_TOKENIZE": "Service",
         }
     )
     assert custom.downstream.auth_addr is None
@@ -100,6 +102,8 @@ def test_settings_defaults_and_overrides() -> None:
     assert custom.routing.block_tokens == 32
     assert custom.routing.mesh_addr == "127.0.0.1:15001"
     assert custom.limits.max_messages == 8
+    assert settings.tokenize is TokenizeMode.AUTO
+    assert custom.tokenize is TokenizeMode.SERVICE
     assert settings.http_port is None  # the OpenAI listener is off unless asked for
     http = Settings.from_env({**REQUIRED, "ROUTER_HTTP_PORT": "8053"})
     assert (http.http_host, http.http_port) == ("127.0.0.1", 8053)
@@ -119,6 +123,7 @@ def test_settings_defaults_and_overrides() -> None:
         ({"ROUTER_MAX_MESSAGES": "0"}, "ROUTER_MAX_MESSAGES"),
         ({"ROUTER_PREFILL_WEIGHT": "-1"}, "ROUTER_PREFILL_WEIGHT"),
         ({"ROUTER_HTTP_PORT": "http"}, "ROUTER_HTTP_PORT"),
+        ({"ROUTER_TOKENIZE": "remote"}, "ROUTER_TOKENIZE"),
     ],
 )
 def test_bad_settings_name_the_variable(overrides: dict[str, str], variable: str) -> None:
