@@ -9,10 +9,10 @@ No Envoy.
 1. Overhead, concurrency 1: the same chat requests (greedy, 4 tokens) through the router's Chat
    (tokenize, token quota, budget reserve, route, generate, guard, settle) and directly to the
    replica's Generate with the pre-tokenized prompt; interleaved, prefix caching off. The router
-   as configured by default (it tokenizes in-process, having the model files), and two
-   variants in the same run: admission before the cache lookup and generation instead of
-   alongside them, and tokenization through the tokenizer service. Beside them, the router's
-   call pattern with no logic at all (grpc_skeleton.py): grpc-python's own floor.
+   as configured by default (the goal's verdict), and two variants in the same run: admission
+   before the cache lookup and generation instead of alongside them, and tokenization
+   in-process (ROUTER_TOKENIZE=auto) instead of through the tokenizer service. Beside them, the
+   router's call pattern with no logic at all (grpc_skeleton.py): grpc-python's own floor.
 2. Shared prefixes on 2 replicas: 8 long system prompts, each asked 6 questions in shuffled
    order by 2 concurrent clients; KV memory per replica holds about half the prefixes. Mean
    time to first token with the router's expected-wait + prefix-affinity selection vs its
@@ -704,14 +704,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         "expected_wait",
                         ROUTER_OVERLAP_ADMISSION="false",
                     ),
-                    "router_tokenizer_service": _router(
+                    "router_tokenize_in_process": _router(
                         logdir,
                         work,
-                        "router-tokenizer-service",
+                        "router-tokenize-in-process",
                         deps,
                         targets,
                         "expected_wait",
-                        ROUTER_TOKENIZE="service",
+                        ROUTER_TOKENIZE="auto",
                     ),
                 }
                 async with running(list(routers.values()), logdir):

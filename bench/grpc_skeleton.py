@@ -2,9 +2,8 @@
 
 A "leaf" process answers every call at once (unary echo; a stream of five messages). A
 "middle" process serves one unary call by making the router's downstream calls to the leaf:
-three unary calls and a five-message stream concurrently (quota, budget, cache lookup,
-generation; the router tokenizes in-process), then two unary calls in the background (settle,
-store).
+one call (tokenize), then three unary calls and a five-message stream concurrently (quota,
+budget, cache lookup, generation), then two unary calls in the background (settle, store).
 The latency this adds over calling the leaf's stream directly is the floor under the router's
 added latency on the same machine.
 
@@ -58,6 +57,7 @@ async def _middle(port: int, leaf: int) -> None:
         return [message async for message in stream(request)]
 
     async def handle(request: bytes, _: Any) -> bytes:
+        await unary(request)
         await asyncio.gather(unary(request), unary(request), unary(request), drain(request))
         for _ in range(2):
             task = asyncio.ensure_future(unary(request))

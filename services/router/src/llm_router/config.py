@@ -280,7 +280,7 @@ class Settings:
     http_host: str = "127.0.0.1"
     http_port: int | None = None
     token_memo: MemoSettings = field(default_factory=MemoSettings)
-    tokenize: TokenizeMode = TokenizeMode.AUTO
+    tokenize: TokenizeMode = TokenizeMode.SERVICE
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -313,7 +313,7 @@ class Settings:
 
 
 def _tokenize_mode(environ: Mapping[str, str]) -> TokenizeMode:
-    value = env_str(environ, "ROUTER_TOKENIZE", TokenizeMode.AUTO.value).lower()
+    value = env_str(environ, "ROUTER_TOKENIZE", TokenizeMode.SERVICE.value).lower()
     try:
         return TokenizeMode(value)
     except ValueError:

@@ -1,11 +1,11 @@
-"""Tokenization inside the router for models whose tokenizer files it can read.
+"""Tokenization inside the router, for deployments that ship the tokenizer files with it.
 
 The tokenizer service is a round trip on every request's critical path, before anything else
-can start (admission, cache lookup and generation all need the exact prompt tokens). Where the
-router can read a model's tokenizer files it runs the tokenizer service's own code on them
-(llm_tokenizer: the same tokenizer.json, chat template and special-token handling), so the ids
-are the ones the service would return; other models keep using the service. Front ends of
-engines such as TGI and vLLM tokenize in-process for the same reason.
+can start (admission, cache lookup and generation all need the exact prompt tokens). With
+ROUTER_TOKENIZE=auto or local the router runs the tokenizer service's own code on the model's
+files (llm_tokenizer: the same tokenizer.json, chat template and special-token handling), so
+the ids are the ones the service would return; models whose files it cannot read keep using
+the service. Front ends of engines such as TGI and vLLM tokenize in-process for this reason.
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ INLINE_MAX_CHARS = 1024
 
 
 class TokenizeMode(enum.StrEnum):
-    """Where prompts are tokenized (ROUTER_TOKENIZE)."""
+    """Where prompts are tokenized (ROUTER_TOKENIZE). The shared design has the router call
+    the tokenizer service, and that stays the default; in-process is for deployments that
+    ship the tokenizer files with the router."""
 
+    SERVICE = "service"  # always the tokenizer service
     AUTO = "auto"  # in-process for every model whose files load, the service for the rest
     LOCAL = "local"  # in-process for every model; start-up fails otherwise
-    SERVICE = "service"  # always the tokenizer service
 
 
 @dataclass(frozen=True, slots=True)

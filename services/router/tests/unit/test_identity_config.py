@@ -92,7 +92,7 @@ def test_settings_defaults_and_overrides() -> None:
             "INFERENCE_MESH_ADDR": "127.0.0.1:15001",
             "ROUTER_MAX_MESSAGES": "8",
             "ROUTER_QUOTA_FAIL_OPEN": "false",
-            "ROUTER_TOKENIZE": "Service",
+            "ROUTER_TOKENIZE": "Auto",
         }
     )
     assert custom.downstream.auth_addr is None
@@ -102,8 +102,8 @@ def test_settings_defaults_and_overrides() -> None:
     assert custom.routing.block_tokens == 32
     assert custom.routing.mesh_addr == "127.0.0.1:15001"
     assert custom.limits.max_messages == 8
-    assert settings.tokenize is TokenizeMode.AUTO
-    assert custom.tokenize is TokenizeMode.SERVICE
+    assert settings.tokenize is TokenizeMode.SERVICE
+    assert custom.tokenize is TokenizeMode.AUTO
     assert settings.http_port is None  # the OpenAI listener is off unless asked for
     http = Settings.from_env({**REQUIRED, "ROUTER_HTTP_PORT": "8053"})
     assert (http.http_host, http.http_port) == ("127.0.0.1", 8053)
