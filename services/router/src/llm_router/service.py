@@ -187,21 +187,9 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         with self._deadline():
             generation = await self._open(parsed, caller, stream=False)
             answer = _Answer()
-            chunks = generation.chunks()
-            finished = False
-            try:
+            async with aclosing(self._chunks(generation)) as chunks:
                 async for chunk in chunks:
                     _collect(answer, chunk)
-                    if chunk.usage is not None:  # the last chunk
-                        finished = True
-                        break
-            finally:
-                if finished:
-                    # The answer is complete: settlement, the cache store and the metrics of
-                    # closing the generation run after it is sent, not before.
-                    self._d.background.spawn(_close(chunks, generation))
-                else:
-                    await _close(chunks, generation)
         return answer, generation
 
     async def _stream_messages(
@@ -228,14 +216,29 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         caller = self._caller(context)
         with self._deadline():
             generation = await self._open(parsed, caller, stream=True)
-            try:
-                first = True
-                async with aclosing(generation.chunks()) as chunks:
-                    async for chunk in chunks:
-                        yield generation, chunk, first
-                        first = False
-            finally:
-                generation.abandon()
+            first = True
+            async with aclosing(self._chunks(generation)) as chunks:
+                async for chunk in chunks:
+                    yield generation, chunk, first
+                    first = False
+
+    async def _chunks(self, generation: Generation) -> AsyncGenerator[Chunk, None]:
+        """The generation's chunks. Once the last one is out, closing the generation
+        (settlement, cache store, metrics, access log) runs in the background, so the call
+        completes without waiting for it; a call that ends early closes it before ending."""
+        chunks = generation.chunks()
+        finished = False
+        try:
+            async for chunk in chunks:
+                yield chunk
+                if chunk.usage is not None:  # the last chunk
+                    finished = True
+                    return
+        finally:
+            if finished:
+                self._d.background.spawn(_close(chunks, generation))
+            else:
+                await _close(chunks, generation)
 
     async def _open(self, parsed: GenerationRequest, caller: Caller, *, stream: bool) -> Generation:
         request_id = _request_id(parsed.request_id)
