@@ -111,7 +111,11 @@ class _Call:
 
     def end(self, context: Context, error: BaseException | None) -> None:
         if not self._ended:
-            self._record(_final_code(context, error))
+            code = _final_code(context, error)
+            if code is grpc.StatusCode.OK:
+                self._record_soon(code)
+            else:
+                self._record(code)
         try:
             deadline_var.reset(self._deadline_token)
             request_id_var.reset(self._id_token)
@@ -120,12 +124,31 @@ class _Call:
 
     def _record(self, code: grpc.StatusCode) -> None:
         self._ended = True
+        if self._span is not None:
+            self._span.detach()
+        self._write(code, time.perf_counter())
+
+    def _record_soon(self, code: grpc.StatusCode) -> None:
+        """Record a success just after its response leaves, not before: the caller does not
+        wait for the server's bookkeeping. The callback is queued before the response is
+        written, so it has run before any later reply of this process reaches anyone."""
+        self._ended = True
+        if self._span is not None:
+            self._span.detach()  # now: the context to restore is this call's
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # finalized outside the loop: nothing to wait for
+            self._write(code, time.perf_counter())
+            return
+        loop.call_soon(self._write, code, time.perf_counter())
+
+    def _write(self, code: grpc.StatusCode, ended: float) -> None:
         method = self._method
-        duration = time.perf_counter() - self._start
+        duration = ended - self._start
         method.metrics.finished(method.service, method.name, code.name, duration)
         _access_log(method, code.name, duration, self._peer)
         if self._span is not None:
-            self._span.end(code)
+            self._span.finish(code)
 
 
 def _final_code(context: Context, error: BaseException | None) -> grpc.StatusCode:

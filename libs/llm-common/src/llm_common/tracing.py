@@ -116,9 +116,17 @@ class ServerSpan:
 
     def end(self, code: grpc.StatusCode | None) -> None:
         """Record the final status, end the span and restore the previous context."""
-        _finish(self.span, code, _SERVER_ERROR_CODES)
+        self.finish(code)
+        self.detach()
+
+    def detach(self) -> None:
+        """Restore the context from before start() (in the context that started the span)."""
         if otel_context.get_current() is self.context:
             otel_context.detach(self.token)  # type: ignore[arg-type]
+
+    def finish(self, code: grpc.StatusCode | None) -> None:
+        """Record the final status and end the span; any time, from any context."""
+        _finish(self.span, code, _SERVER_ERROR_CODES)
 
 
 def _finish(
