@@ -10,26 +10,21 @@ the service. Front ends of engines such as TGI and vLLM tokenize in-process for 
 
 from __future__ import annotations
 
-import asyncio
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
 
-from llm_common.errors import FieldViolation, InvalidArgument
 from llm_common.logging import get_logger
 from llm_common.models_config import ModelCatalog
-from llm_tokenizer.chat_template import ChatMessage, ChatTemplateError
+from llm_tokenizer import validation
+from llm_tokenizer.config import Limits
+from llm_tokenizer.offload import render_chat, run_sized
 from llm_tokenizer.registry import ModelLoadError, TokenizerModel, load_model
-from llm_tokenizer.validation import ROLE_NAMES
 from llmapi.common.v1 import common_pb2
 
 _log = get_logger(__name__)
-R = TypeVar("R")
-
-# Up to this many characters the work (tens to hundreds of microseconds) runs on the event
-# loop; longer prompts go to a thread so one huge prompt does not stall every other request.
-INLINE_MAX_CHARS = 1024
+# The service's own limits: the router's validation is stricter, these only keep parity.
+_LIMITS = Limits()
 
 
 class TokenizeMode(enum.StrEnum):
@@ -55,22 +50,17 @@ class LocalTokenizer:
         self, model: str, messages: Sequence[common_pb2.ChatMessage]
     ) -> list[int]:
         """As the service's ApplyChatTemplate with add_generation_prompt, same errors."""
-        converted = [_message(i, m) for i, m in enumerate(messages)]
-        tokenizer = self.models[model]
-        try:
-            rendered = await _run(
-                sum(len(m.content) for m in converted),
-                lambda: tokenizer.apply_chat_template(converted, add_generation_prompt=True),
-            )
-        except ChatTemplateError as exc:
-            raise InvalidArgument([FieldViolation("messages", str(exc))]) from exc
+        v = validation.start(model)
+        converted = validation.check_messages(v, "messages", messages, _LIMITS)
+        v.raise_if_any()
+        rendered = await render_chat(self.models[model], converted, add_generation_prompt=True)
         return rendered.token_ids
 
     async def encode(self, model: str, text: str) -> list[int]:
         """As the service's Encode with add_special_tokens (BOS where the model has one)."""
         tokenizer = self.models[model]
-        encoded = await _run(
-            len(text), lambda: tokenizer.encode_batch([text], add_special_tokens=True)
+        encoded = await run_sized(
+            len(text), tokenizer.encode_batch, [text], add_special_tokens=True
         )
         return encoded[0]
 
@@ -91,18 +81,3 @@ def load_local(catalog: ModelCatalog, mode: TokenizeMode) -> LocalTokenizer | No
     if models:
         _log.info("tokenizing in-process", models=sorted(models))
     return LocalTokenizer(models)
-
-
-def _message(index: int, message: common_pb2.ChatMessage) -> ChatMessage:
-    role = ROLE_NAMES.get(message.role)
-    if role is None:  # the router's validation rejects these first; kept as the service does
-        raise InvalidArgument(
-            [FieldViolation(f"messages[{index}].role", "must be system, user, assistant or tool")]
-        )
-    return ChatMessage(role=role, content=message.content, name=message.name)
-
-
-async def _run(chars: int, work: Callable[[], R]) -> R:
-    if chars <= INLINE_MAX_CHARS:
-        return work()
-    return await asyncio.to_thread(work)

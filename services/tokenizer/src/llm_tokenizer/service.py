@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ParamSpec, TypeVar
+from collections.abc import Iterable
+from typing import Any
 
 import grpc
 
-from llm_common.errors import FieldViolation, InvalidArgument, NotFound
+from llm_common.errors import NotFound
 from llm_common.validation import Violations
 from llm_tokenizer import validation
-from llm_tokenizer.chat_template import ChatMessage, ChatTemplateError
 from llm_tokenizer.config import Limits
-from llm_tokenizer.registry import Registry, RenderedChat, SpecialToken, TokenizerModel
+from llm_tokenizer.offload import render_chat, run_sized
+from llm_tokenizer.registry import Registry, SpecialToken, TokenizerModel
 from llmapi.tokenizer.v1 import tokenizer_service_pb2 as pb
 from llmapi.tokenizer.v1 import tokenizer_service_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext[Any, Any]
-P = ParamSpec("P")
-R = TypeVar("R")
 
-# Inputs up to this many characters are tokenized on the event loop: the work (~0.15 ms)
-# costs about as much as the hop to a worker thread. Larger inputs go to a thread.
-INLINE_MAX_CHARS = 1024
-CHARS_PER_TOKEN = 4  # rough, only to size Decode work against INLINE_MAX_CHARS
+# Rough, only to size Decode work against offload.INLINE_MAX_CHARS.
+CHARS_PER_TOKEN = 4
 
 
 class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
@@ -48,7 +43,7 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
         validation.check_texts(v, "texts", texts, self._limits)
         v.raise_if_any()
         model = self._model(request.model)
-        encodings = await _run(
+        encodings = await run_sized(
             _chars(texts), model.encode_batch, texts, add_special_tokens=request.add_special_tokens
         )
         return _encode_response(encodings)
@@ -64,7 +59,7 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
         validation.check_ids(v, "sequences", sequences, model.vocab_size)
         v.raise_if_any()
         cost = CHARS_PER_TOKEN * sum(map(len, sequences))
-        texts = await _run(
+        texts = await run_sized(
             cost, model.decode_batch, sequences, skip_special_tokens=request.skip_special_tokens
         )
         return pb.DecodeResponse(texts=texts)
@@ -76,7 +71,7 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
         messages = validation.check_messages(v, "messages", request.messages, self._limits)
         v.raise_if_any()
         model = self._model(request.model)
-        rendered = await _render(model, messages, request.add_generation_prompt)
+        rendered = await render_chat(model, messages, request.add_generation_prompt)
         return pb.ApplyChatTemplateResponse(
             prompt=rendered.prompt,
             token_ids=rendered.token_ids,
@@ -95,7 +90,7 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
         validation.check_texts(v, "texts", texts, self._limits)
         v.raise_if_any()
         model = self._model(request.model)
-        counts = await _run(_chars(texts), model.count_batch, texts)
+        counts = await run_sized(_chars(texts), model.count_batch, texts)
         return pb.CountTokensResponse(counts=counts, total=sum(counts))
 
     async def Info(  # noqa: N802
@@ -125,7 +120,7 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
         messages = validation.check_messages(v, "messages", request.messages, self._limits)
         v.raise_if_any()
         # Counted as the prompt a generation request would send.
-        rendered = await _render(self._model(request.model), messages, True)
+        rendered = await render_chat(self._model(request.model), messages, True)
         return pb.CountTokensResponse(total=len(rendered.token_ids))
 
     def _model(self, name: str) -> TokenizerModel:
@@ -133,26 +128,6 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
         if model is None:
             raise NotFound("model", name)
         return model
-
-
-async def _render(
-    model: TokenizerModel, messages: Sequence[ChatMessage], add_generation_prompt: bool
-) -> RenderedChat:
-    cost = _chars(m.content for m in messages)
-    try:
-        return await _run(
-            cost, model.apply_chat_template, messages, add_generation_prompt=add_generation_prompt
-        )
-    except ChatTemplateError as exc:
-        # The template's own checks (unsupported role, roles must alternate) are client errors.
-        raise InvalidArgument([FieldViolation("messages", str(exc))]) from exc
-
-
-async def _run(cost: int, func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """func(*args, **kwargs), on the event loop when `cost` (characters) is small."""
-    if cost <= INLINE_MAX_CHARS:
-        return func(*args, **kwargs)
-    return await asyncio.to_thread(func, *args, **kwargs)
 
 
 def _chars(texts: Iterable[str]) -> int:

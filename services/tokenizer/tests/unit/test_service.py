@@ -9,10 +9,11 @@ import pytest
 
 from llm_common.errors import InvalidArgument, NotFound
 from llm_common.models_config import ModelCatalog
-from llm_tokenizer import service
+from llm_tokenizer import offload
 from llm_tokenizer.config import Limits
+from llm_tokenizer.offload import INLINE_MAX_CHARS
 from llm_tokenizer.registry import load_registry
-from llm_tokenizer.service import INLINE_MAX_CHARS, TokenizerServicer
+from llm_tokenizer.service import TokenizerServicer
 from llmapi.common.v1 import common_pb2
 from llmapi.tokenizer.v1 import tokenizer_service_pb2 as pb
 
@@ -26,8 +27,8 @@ def servicer(tiny_catalog: ModelCatalog) -> TokenizerServicer:
 
 async def test_small_work_runs_inline_and_large_work_in_a_thread() -> None:
     loop_thread = threading.get_ident()
-    assert await service._run(INLINE_MAX_CHARS, threading.get_ident) == loop_thread
-    assert await service._run(INLINE_MAX_CHARS + 1, threading.get_ident) != loop_thread
+    assert await offload.run_sized(INLINE_MAX_CHARS, threading.get_ident) == loop_thread
+    assert await offload.run_sized(INLINE_MAX_CHARS + 1, threading.get_ident) != loop_thread
 
 
 async def test_encode_and_decode(servicer: TokenizerServicer) -> None:
