@@ -4,9 +4,11 @@ processes) against the single-process baseline (one server process, one client p
 the same Ledger calls made in-process, all on the real Redis; and, on the single-process
 set-up, settles coalesced into SettleBatch calls as the router sends them (Reserve unary,
 settles queued by llm_router's SettleBatcher), settle-only SettleBatch throughput of
-pre-reserved requests, and an open-loop stream of settles through the SettleBatcher at two
-offered rates, the goal + 5% and the goal + 25% (latency counted from when each was due) ->
-bench/results/billing.json and billing.png.
+pre-reserved requests, an open-loop stream of settles through the SettleBatcher at two
+offered rates, the goal + 5% and the goal + 25% (latency counted from when each was due), and
+an open loop of whole requests at the goal + 5% (each one's Reserve, then its settle through
+the SettleBatcher, as the router meets them under load) -> bench/results/billing.json and
+billing.png.
 
 Run from the repository root: `.venv/bin/python bench/bench_billing.py`.
 Goal (issue 6): >= 2,000 settles/s on 2 cores with p99 <= 5 ms.
@@ -55,9 +57,8 @@ from llm_billing.timeutil import Period
 from llm_billing.usage import Granularity, UsageQuery
 from llm_common.grpc_runtime import with_grpc_runtime
 from llm_common.testing import free_port, redis_url_for_tests, settings_for_tests
-from llm_router.clients import BillingClient
+from llm_router.clients import BatchShape, BillingClient, SettleBatcher
 from llm_router.config import DownstreamSettings
-from llm_router.settle_batch import SettleBatcher
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 from llmapi.common.v1 import common_pb2
@@ -83,10 +84,23 @@ _ROUTER = DownstreamSettings(tokenizer_addr="-", billing_addr="-")
 BATCH_MAX = _ROUTER.settle_batch_max
 BATCH_WAIT_S = _ROUTER.settle_batch_wait_ms / 1000
 BATCH_IN_FLIGHT = _ROUTER.settle_batch_in_flight
-BATCH_SHAPE = (
-    f"{BATCH_MAX} items / {BATCH_WAIT_S * 1e3:g} ms, sent at once while fewer than "
-    f"{BATCH_IN_FLIGHT} are in flight"
+# The router's ReserveBatch coalescing as it runs by default (ROUTER_RESERVE_BATCH_*).
+RESERVE_BATCH = BatchShape(
+    _ROUTER.reserve_batch_max,
+    _ROUTER.reserve_batch_wait_ms / 1000,
+    _ROUTER.reserve_batch_in_flight,
 )
+
+
+def _shape(max_items: int, wait_s: float, in_flight: int) -> str:
+    return (
+        f"{max_items} items / {wait_s * 1e3:g} ms, sent at once while fewer than "
+        f"{in_flight} are in flight"
+    )
+
+
+BATCH_SHAPE = _shape(BATCH_MAX, BATCH_WAIT_S, BATCH_IN_FLIGHT)
+RESERVE_SHAPE = _shape(RESERVE_BATCH.max_items, RESERVE_BATCH.wait_s, RESERVE_BATCH.max_in_flight)
 SETTLE_ONLY_CALLS_IN_FLIGHT = 2  # one answered while the next is on its way
 STREAM_ARM = "settle_stream_1x1"
 # The same stream through a batcher that always waits for its size or time (the router
@@ -97,6 +111,14 @@ STREAM_RATE_PER_S = 2500.0  # offered settles/s of the open-loop arm: the goal p
 # than is offered, and the goal is on what is answered.
 GOAL_STREAM_ARM = "settle_stream_at_goal_1x1"
 GOAL_STREAM_RATE_PER_S = GOAL_SETTLES_PER_S * 1.05
+# Whole requests in the same open loop at the goal's rate + 5%, as the router meets them:
+# each one's Reserve, then its settle through the SettleBatcher, so the Reserve calls load
+# billing too. The Reserve calls are coalesced into ReserveBatch calls as the router does;
+# the unary arm (a Reserve call each, the router before ReserveBatch) is the baseline.
+PAIR_STREAM_ARM = "pair_stream_at_goal_1x1"
+PAIR_STREAM_UNARY_ARM = "pair_stream_unary_reserve_at_goal_1x1"
+OPEN_LOOP_ARMS = (STREAM_ARM, STREAM_TIMER_ARM, GOAL_STREAM_ARM, PAIR_STREAM_ARM,
+                  PAIR_STREAM_UNARY_ARM)  # fmt: skip
 
 PRE_RESERVED = ("settle_only", "settle_stream")  # modes that settle requests reserved ahead
 
@@ -133,8 +155,9 @@ class Work:
     count: int
     concurrency: int
     channels: int
-    mode: str = "unary"  # unary | batched | settle_only | settle_stream
-    rate_per_s: float = 0.0  # settle_stream: offered settles per second
+    # unary | batched | settle_only | settle_stream | pair_stream | pair_stream_unary
+    mode: str = "unary"
+    rate_per_s: float = 0.0  # settle_stream, pair_stream: offered requests per second
     in_flight: int = BATCH_IN_FLIGHT  # the SettleBatcher's max_in_flight
 
 
@@ -192,8 +215,13 @@ def arm_report(arm: Arm) -> dict[str, Any]:
 
 
 def settle_stream_report(arm: Arm, setup: Setup) -> dict[str, Any]:
-    """Open-loop settles through the router's SettleBatcher at a fixed offered rate."""
+    """Open-loop settles (or whole requests) through the router's SettleBatcher at a fixed
+    offered rate."""
     cpu_ms = {name: round(s * 1e3 / arm.settles, 4) for name, s in arm.cpu_s.items()}
+    pairs = (
+        # Reserve from when the request was due, its settle from when it was submitted.
+        {"reserve": summary(arm.reserve), "pair": summary(arm.pair)} if arm.reserve else {}
+    )
     return {
         "server_processes": arm.server_processes,
         "client_processes": arm.client_processes,
@@ -203,6 +231,7 @@ def settle_stream_report(arm: Arm, setup: Setup) -> dict[str, Any]:
         "settles_per_call": round(arm.settles / max(1, arm.settle_calls), 2),
         # From when each settle was due to its answer: queue wait + SettleBatch call.
         "settle": summary(arm.settle),
+        **pairs,
         "cpu_ms_per_settle": cpu_ms,
         "cpu_ms_per_settle_total": round(sum(cpu_ms.values()), 4),
     }
@@ -342,52 +371,94 @@ async def drive_settle_only(
     return out
 
 
-async def drive_settle_stream(
-    billing: BillingClient, ids: list[int], prefix: str, rate_per_s: float, in_flight: int
-) -> dict[str, Any]:
-    """Open loop, as the router's settlements arrive: settles of pre-reserved requests
-    submitted at `rate_per_s` to the router's SettleBatcher. A settle's latency counts from
-    when it was due, so a client that falls behind does not hide the wait."""
-    batcher = SettleBatcher(
-        billing,
-        max_items=BATCH_MAX,
-        wait_s=BATCH_WAIT_S,
-        timeout_s=10,
-        max_in_flight=in_flight,
-    )
-    out: dict[str, Any] = {"reserve": [], "settle": [], "pair": [], "settles": len(ids)}
+async def open_loop(
+    ids: list[int], rate_per_s: float, call: Callable[[int, float], Awaitable[None]]
+) -> tuple[float, float, float]:
+    """Starts `call(i, due)` for each id at `rate_per_s` whatever is still in flight, and
+    waits for all of them; (start, end, CPU seconds). The first error is raised at the end."""
     # Completion is counted down, not gathered: gathering thousands of tasks at the end takes
-    # the loop for milliseconds while the last settles are still waiting for their answers.
+    # the loop for milliseconds while the last calls are still waiting for their answers.
     pending, all_done = len(ids), asyncio.Event()
     tasks: set[asyncio.Task[None]] = set()
     errors: list[Exception] = []
 
-    async def settle(i: int, due: float) -> None:
+    async def one(i: int, due: float) -> None:
         nonlocal pending
         try:
-            await batcher.submit(settle_request(f"{prefix}-{i}", f"bench{i % TENANTS}"))
-            out["settle"].append((time.perf_counter() - due) * 1e3)
-        except Exception as exc:  # raised below, once every settle has ended
+            await call(i, due)
+        except Exception as exc:  # raised below, once every call has ended
             errors.append(exc)
         finally:
             pending -= 1
             if not pending:
                 all_done.set()
 
-    out["start"] = start = time.perf_counter()
+    start = time.perf_counter()
     cpu = time.process_time()
     for n, i in enumerate(ids):
         due = start + n / rate_per_s
         if (delay := due - time.perf_counter()) > 0:
             await asyncio.sleep(delay)
-        task = asyncio.create_task(settle(i, due))
+        task = asyncio.create_task(one(i, due))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
     if ids:
         await all_done.wait()
     if errors:
         raise errors[0]
-    out["end"], out["cpu_s"] = time.perf_counter(), time.process_time() - cpu
+    return start, time.perf_counter(), time.process_time() - cpu
+
+
+def router_batcher(billing: BillingClient, in_flight: int) -> SettleBatcher:
+    """The router's SettleBatcher, as ROUTER_SETTLE_BATCH_* set it by default."""
+    return SettleBatcher(
+        billing.settle_batch,
+        max_items=BATCH_MAX,
+        wait_s=BATCH_WAIT_S,
+        timeout_s=10,
+        max_in_flight=in_flight,
+    )
+
+
+async def drive_settle_stream(
+    billing: BillingClient, ids: list[int], prefix: str, rate_per_s: float, in_flight: int
+) -> dict[str, Any]:
+    """Open loop, as the router's settlements arrive: settles of pre-reserved requests
+    submitted at `rate_per_s` to the router's SettleBatcher. A settle's latency counts from
+    when it was due, so a client that falls behind does not hide the wait."""
+    batcher = router_batcher(billing, in_flight)
+    out: dict[str, Any] = {"reserve": [], "settle": [], "pair": [], "settles": len(ids)}
+
+    async def settle(i: int, due: float) -> None:
+        await batcher.submit(settle_request(f"{prefix}-{i}", f"bench{i % TENANTS}"))
+        out["settle"].append((time.perf_counter() - due) * 1e3)
+
+    out["start"], out["end"], out["cpu_s"] = await open_loop(ids, rate_per_s, settle)
+    out["settle_calls"] = batcher.batches_sent
+    return out
+
+
+async def drive_pair_stream(
+    billing: BillingClient, ids: list[int], prefix: str, rate_per_s: float, in_flight: int
+) -> dict[str, Any]:
+    """Open loop of whole requests, as the router meets them under load: at `rate_per_s`,
+    each one's Reserve through `billing` (on the request's path), then its settle through
+    the router's SettleBatcher. Reserve latency counts from when the request was due; settle
+    latency from when it was submitted; a pair's from due to the settle's answer."""
+    batcher = router_batcher(billing, in_flight)
+    out: dict[str, Any] = {"reserve": [], "settle": [], "pair": [], "settles": len(ids)}
+
+    async def pair(i: int, due: float) -> None:
+        rid, tenant = f"{prefix}-{i}", f"bench{i % TENANTS}"
+        await billing.reserve(reserve_request(rid, tenant))
+        reserved = time.perf_counter()
+        await batcher.submit(settle_request(rid, tenant))
+        settled = time.perf_counter()
+        out["reserve"].append((reserved - due) * 1e3)
+        out["settle"].append((settled - reserved) * 1e3)
+        out["pair"].append((settled - due) * 1e3)
+
+    out["start"], out["end"], out["cpu_s"] = await open_loop(ids, rate_per_s, pair)
     out["settle_calls"] = batcher.batches_sent
     return out
 
@@ -421,16 +492,15 @@ async def client_work(work: Work) -> dict[str, Any]:
             return await drive_settle_stream(
                 billing, list(ids), work.prefix, work.rate_per_s, work.in_flight
             )
+        if work.mode.startswith("pair_stream"):
+            shape = RESERVE_BATCH if work.mode == "pair_stream" else None
+            billing = BillingClient(channels[0], timeout_s=10, breaker=None, reserve_batch=shape)
+            return await drive_pair_stream(
+                billing, list(ids), work.prefix, work.rate_per_s, work.in_flight
+            )
         if work.mode == "batched":
             billing = BillingClient(channels[0], timeout_s=10, breaker=None)
-            batcher = SettleBatcher(
-                billing,
-                max_items=BATCH_MAX,
-                wait_s=BATCH_WAIT_S,
-                timeout_s=10,
-                max_in_flight=work.in_flight,
-            )
-            pair: Pair = BatchedPair(stubs, batcher)
+            pair: Pair = BatchedPair(stubs, router_batcher(billing, work.in_flight))
         else:
             pair = grpc_pair(stubs)
         return await drive(pair, iter(ids), work.prefix, work.concurrency)
@@ -517,7 +587,7 @@ class Setup:
     client_processes: int
     channels_per_client: int
     mode: str = "unary"
-    rate_per_s: float = 0.0  # settle_stream only
+    rate_per_s: float = 0.0  # settle_stream, pair_stream
     in_flight: int = BATCH_IN_FLIGHT  # the SettleBatcher's max_in_flight (batched, streams)
 
 
@@ -627,6 +697,10 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
                 Setup(STREAM_ARM, single, 1, 1, "settle_stream", args.settle_rate),
                 Setup(GOAL_STREAM_ARM, single, 1, 1, "settle_stream", GOAL_STREAM_RATE_PER_S),
                 Setup(STREAM_TIMER_ARM, single, 1, 1, "settle_stream", args.settle_rate, 0),
+                Setup(PAIR_STREAM_ARM, single, 1, 1, "pair_stream", GOAL_STREAM_RATE_PER_S),
+                Setup(
+                    PAIR_STREAM_UNARY_ARM, single, 1, 1, "pair_stream_unary", GOAL_STREAM_RATE_PER_S
+                ),
             )
             for setup in setups:
                 warm = Arm(setup.server.workers, setup.client_processes)
@@ -670,6 +744,10 @@ async def compare(
     stream = settle_stream_report(arms.pop(STREAM_ARM), by_name[STREAM_ARM])
     at_goal = settle_stream_report(arms.pop(GOAL_STREAM_ARM), by_name[GOAL_STREAM_ARM])
     stream_timer = settle_stream_report(arms.pop(STREAM_TIMER_ARM), by_name[STREAM_TIMER_ARM])
+    pair_stream = settle_stream_report(arms.pop(PAIR_STREAM_ARM), by_name[PAIR_STREAM_ARM])
+    pair_unary = settle_stream_report(
+        arms.pop(PAIR_STREAM_UNARY_ARM), by_name[PAIR_STREAM_UNARY_ARM]
+    )
     reports = {name: arm_report(arm) for name, arm in arms.items()}
     scaled, base, batched = reports["scaled"], reports["baseline_1x1"], reports[BATCHED_ARM]
     direct_report = arm_report(direct)
@@ -682,6 +760,8 @@ async def compare(
         STREAM_ARM: stream,
         STREAM_TIMER_ARM: stream_timer,
         GOAL_STREAM_ARM: at_goal,
+        PAIR_STREAM_ARM: pair_stream,
+        PAIR_STREAM_UNARY_ARM: pair_unary,
         "direct_in_process": direct_report,
         "grpc_added_p50_ms": round(scaled["pair"]["p50_ms"] - direct_report["pair"]["p50_ms"], 3),
         "summary": {
@@ -707,6 +787,11 @@ async def compare(
             "stream_settles_per_call": stream["settles_per_call"],
             "stream_at_goal_settles_per_s": at_goal["settles_per_s"],
             "stream_at_goal_settle_p99_ms": at_goal["settle"]["p99_ms"],
+            "pair_stream_settles_per_s": pair_stream["settles_per_s"],
+            "pair_stream_reserve_p99_ms": pair_stream["reserve"]["p99_ms"],
+            "pair_stream_settle_p99_ms": pair_stream["settle"]["p99_ms"],
+            "pair_stream_unary_reserve_p99_ms": pair_unary["reserve"]["p99_ms"],
+            "pair_stream_unary_settle_p99_ms": pair_unary["settle"]["p99_ms"],
             "settle_only_server_cpu_ms_per_settle": settle_only["cpu_ms_per_settle"][
                 "billing_server"
             ],
@@ -830,6 +915,25 @@ def report(
             (GOAL_STREAM_ARM,),
             lambda r: r["settle"]["p99_ms"],
         ),
+        _verdict(
+            "pair_stream_at_goal",
+            "open loop of whole requests at the goal's rate + 5%, as the router sends them: "
+            f"each one's Reserve coalesced into ReserveBatch calls ({RESERVE_SHAPE}), then its "
+            "settle through the router's SettleBatcher, 1 server x 1 client process: "
+            "settles/s answered and the larger of two p99s, the Reserve's from when the "
+            "request was due and the settle's from when it was submitted",
+            levels,
+            (PAIR_STREAM_ARM,),
+            _pair_p99,
+        ),
+        _verdict(
+            "pair_stream_unary_reserve_at_goal",
+            "the same open loop with a unary Reserve call per request (the router before "
+            "ReserveBatch): the in-run baseline of the pair stream",
+            levels,
+            (PAIR_STREAM_UNARY_ARM,),
+            _pair_p99,
+        ),
     ]
     return {
         "benchmark": "billing Reserve+Settle pairs",
@@ -872,6 +976,10 @@ def report(
     }
 
 
+def _pair_p99(report: dict[str, Any]) -> float:
+    return float(max(report["reserve"]["p99_ms"], report["settle"]["p99_ms"]))
+
+
 def _verdict(
     metric: str,
     meaning: str,
@@ -882,7 +990,7 @@ def _verdict(
     """The goal judged on one metric, at the arm and level with the most settles/s; for the
     open-loop arm, whose offered rate is the same at every level, at its median p99 run."""
     runs = [(lv["concurrency"], arm, lv[arm]) for lv in levels for arm in arms]
-    if arms[0].startswith("settle_stream"):
+    if arms[0] in OPEN_LOOP_ARMS:
         concurrency, arm, best = sorted(runs, key=lambda run: p99(run[2]))[len(runs) // 2]
     else:
         concurrency, arm, best = max(runs, key=lambda run: run[2]["settles_per_s"])

@@ -39,8 +39,9 @@ class BillingMetrics:
         )
         self.batch_items = Counter(
             "llm_billing_batch_items",
-            "SettleBatch items by call (settle, release) and gRPC status code (the outcome of"
-            " each is also counted in the settlements/releases counters, as the unary call's).",
+            "SettleBatch and ReserveBatch items by call (settle, release, reserve) and gRPC"
+            " status code (the outcome of each is also counted in the settlements, releases"
+            " or reservations counters, as the unary call's).",
             ["call", "code"],
             registry=registry,
         )

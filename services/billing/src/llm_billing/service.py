@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from llm_billing import validation
 from llm_billing.budgets import Budgets, BudgetStatus
 from llm_billing.config import Limits
 from llm_billing.invoice import InvoiceExporter
-from llm_billing.ledger import BatchOutcome, Ledger, Reservation, Settlement
+from llm_billing.ledger import BatchOutcome, Ledger, Reservation, ReserveInput, Settlement
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import Price
 from llm_billing.store import now_ms, store_errors
@@ -58,15 +59,7 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
     async def Reserve(  # noqa: N802
         self, request: pb.ReserveRequest, context: Context
     ) -> pb.ReserveResponse:
-        reserve = validation.reserve_input(request, self._limits)
-        try:
-            async with store_errors():
-                reservation = await self._ledger.reserve(reserve)
-        except QuotaExceeded:
-            self._reserved["rejected"].inc()
-            raise
-        self._count_reservation(reservation)
-        return _reserve_response(reservation)
+        return await self._reserve(validation.reserve_input(request, self._limits))
 
     async def Settle(  # noqa: N802
         self, request: pb.SettleRequest, context: Context
@@ -115,6 +108,37 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
             result = pb.SettleBatchResult(status=_item_status(outcome, call))
         self._metrics.batch_items.labels(call, _code_name(result.status.code)).inc()
         return result
+
+    async def ReserveBatch(  # noqa: N802
+        self, request: pb.ReserveBatchRequest, context: Context
+    ) -> pb.ReserveBatchResponse:
+        validation.batch_items(request)
+        parsed = [validation.batch_reserve(item, self._limits) for item in request.items]
+        # Concurrently: the Redis link sends the items' commands in one pipeline.
+        outcomes = await asyncio.gather(*(self._reserve_item(p) for p in parsed))
+        return pb.ReserveBatchResponse(results=outcomes)
+
+    async def _reserve_item(self, item: ReserveInput | ServiceError) -> pb.ReserveBatchResult:
+        """One item's result, counted in the same metrics as the unary call."""
+        if isinstance(item, ServiceError):
+            result = pb.ReserveBatchResult(status=_item_status(item, "reserve"))
+        else:
+            try:
+                result = pb.ReserveBatchResult(reservation=await self._reserve(item))
+            except Exception as err:  # each item gets its own status
+                result = pb.ReserveBatchResult(status=_item_status(err, "reserve"))
+        self._metrics.batch_items.labels("reserve", _code_name(result.status.code)).inc()
+        return result
+
+    async def _reserve(self, reserve: ReserveInput) -> pb.ReserveResponse:
+        try:
+            async with store_errors():
+                reservation = await self._ledger.reserve(reserve)
+        except QuotaExceeded:
+            self._reserved["rejected"].inc()
+            raise
+        self._count_reservation(reservation)
+        return _reserve_response(reservation)
 
     async def GetUsage(  # noqa: N802
         self, request: pb.GetUsageRequest, context: Context
@@ -195,7 +219,7 @@ def _settle_response(settlement: Settlement) -> pb.SettleResponse:
 def _item_status(error: Exception, call: str) -> pb.BatchItemStatus:
     """The status the unary call would have answered with (the interceptor's mapping)."""
     if not isinstance(error, ServiceError):
-        _log.error("settle batch item failed", call=call, error=type(error).__name__)
+        _log.error("batch item failed", call=call, error=type(error).__name__)
         error = Internal()
     # BatchItemStatus has google.rpc.Status's wire format.
     return pb.BatchItemStatus.FromString(error.to_proto().SerializeToString())

@@ -86,8 +86,8 @@ def release_input(req: pb.ReleaseRequest) -> tuple[str, str]:
     return req.request_id, req.tenant_id
 
 
-def batch_items(req: pb.SettleBatchRequest) -> None:
-    """The envelope of a SettleBatch (the items are validated one by one: `batch_op`)."""
+def batch_items(req: pb.SettleBatchRequest | pb.ReserveBatchRequest) -> None:
+    """The envelope of a SettleBatch or ReserveBatch (its items are validated one by one)."""
     v = Violations()
     v.require(
         1 <= len(req.items) <= MAX_BATCH_ITEMS, "items", f"must hold 1-{MAX_BATCH_ITEMS} items"
@@ -106,6 +106,14 @@ def batch_op(item: pb.SettleBatchItem, limits: Limits) -> BatchOp | ServiceError
     except ServiceError as err:
         return err
     return InvalidArgument([FieldViolation("call", "one of settle or release is required")])
+
+
+def batch_reserve(req: pb.ReserveRequest, limits: Limits) -> ReserveInput | ServiceError:
+    """One ReserveBatch item as the unary Reserve would validate it, or its InvalidArgument."""
+    try:
+        return reserve_input(req, limits)
+    except ServiceError as err:
+        return err
 
 
 def usage_query(req: pb.GetUsageRequest, limits: Limits) -> UsageQuery:

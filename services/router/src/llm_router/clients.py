@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -16,11 +18,12 @@ from llm_common.errors import (
     PermissionDenied,
     QuotaExceeded,
 )
+from llm_common.logging import get_logger
 from llm_common.resilience import AsyncBreaker, BreakerOpen
+from llm_router.batching import CallBatcher
 from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error, is_client_error
 from llm_router.load import LoadSnapshot
 from llm_router.local_tokenizer import LocalTokenizer
-from llm_router.settle_batch import BillingCall, ItemResult
 from llm_router.token_memo import TokenMemo, memo_key
 from llmapi.auth.v1 import auth_service_pb2 as auth_pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as auth_grpc
@@ -35,6 +38,14 @@ from llmapi.tokenizer.v1 import tokenizer_service_pb2 as tok_pb
 from llmapi.tokenizer.v1 import tokenizer_service_pb2_grpc as tok_grpc
 
 T = TypeVar("T")
+BillingCall = billing_pb.SettleRequest | billing_pb.ReleaseRequest
+CallResponse = billing_pb.SettleResponse | billing_pb.ReleaseResponse
+# Per item of a batch: its response, or the error the unary call would have raised.
+ItemResult = CallResponse | Exception
+ReserveResult = billing_pb.ReserveResponse | Exception
+# Settles and releases coalesced into SettleBatch calls (BillingClient.settle_batch).
+SettleBatcher = CallBatcher[BillingCall, CallResponse]
+_log = get_logger(__name__)
 # Business answers, not faults: they never trip a breaker.
 BUSINESS_ERRORS = (QuotaExceeded, InvalidArgument, NotFound, PermissionDenied, FailedPrecondition)
 
@@ -176,25 +187,101 @@ class QuotaClient:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """How a CallBatcher coalesces calls (see llm_router.batching)."""
+
+    max_items: int
+    wait_s: float
+    max_in_flight: int
+
+
 class BillingClient:
-    """Two-phase metering at the billing service."""
+    """Two-phase metering at the billing service.
+
+    With `reserve_batch`, the Reserve calls of concurrent admissions share ReserveBatch calls
+    (a lone one still goes out at once, as a unary Reserve). A billing that predates
+    ReserveBatch answers UNIMPLEMENTED: from then on every Reserve is a unary call again.
+    """
 
     service = "billing"
 
     def __init__(
-        self, channel: grpc.aio.Channel, timeout_s: float, breaker: AsyncBreaker | None
+        self,
+        channel: grpc.aio.Channel,
+        timeout_s: float,
+        breaker: AsyncBreaker | None,
+        *,
+        reserve_batch: BatchShape | None = None,
     ) -> None:
         self._stub = billing_grpc.BillingServiceStub(channel)
         self._timeout_s = timeout_s
         self._breaker = breaker
+        self._reserves: (
+            CallBatcher[billing_pb.ReserveRequest, billing_pb.ReserveResponse] | None
+        ) = None
+        if reserve_batch is not None:
+            self._reserves = CallBatcher(
+                self.reserve_batch,
+                max_items=reserve_batch.max_items,
+                wait_s=reserve_batch.wait_s,
+                timeout_s=timeout_s,
+                max_in_flight=reserve_batch.max_in_flight,
+            )
+        self._batch_reserve_supported = True
 
     async def reserve(self, request: billing_pb.ReserveRequest) -> billing_pb.ReserveResponse:
         """Hold the worst-case cost; QuotaExceeded over a hard budget."""
+        if self._reserves is not None:
+            return await self._reserves.submit(request)
+        return await self._reserve_one(request, self._timeout_s)
+
+    async def _reserve_one(
+        self, request: billing_pb.ReserveRequest, timeout_s: float
+    ) -> billing_pb.ReserveResponse:
         return await _guarded(
-            self._breaker,
-            self.service,
-            lambda: self._stub.Reserve(request, timeout=self._timeout_s),
+            self._breaker, self.service, lambda: self._stub.Reserve(request, timeout=timeout_s)
         )
+
+    async def reserve_batch(
+        self, requests: Sequence[billing_pb.ReserveRequest], timeout_s: float
+    ) -> list[ReserveResult]:
+        """Reserve many requests in one call; per request its response or the domain error
+        the unary call would have raised. A failure of the whole call is raised."""
+        if len(requests) == 1 or not self._batch_reserve_supported:
+            # One item, or an older billing: unary calls, each with its own outcome.
+            return list(
+                await asyncio.gather(*(self._reserve_outcome(r, timeout_s) for r in requests))
+            )
+        request = billing_pb.ReserveBatchRequest(items=requests)
+        response = await _guarded(
+            self._breaker, self.service, lambda: self._reserve_batch_call(request, timeout_s)
+        )
+        if response is None:  # UNIMPLEMENTED: this billing has no ReserveBatch
+            self._batch_reserve_supported = False
+            _log.warning("billing has no ReserveBatch: reserving with unary calls")
+            return await self.reserve_batch(requests, timeout_s)
+        if len(response.results) != len(requests):  # a broken billing: treat it as down
+            raise DependencyUnavailable(self.service)
+        return [_reserve_result(r, self.service) for r in response.results]
+
+    async def _reserve_outcome(
+        self, request: billing_pb.ReserveRequest, timeout_s: float
+    ) -> ReserveResult:
+        try:
+            return await self._reserve_one(request, timeout_s)
+        except Exception as err:  # the item's own outcome, as a batch item's status is
+            return err
+
+    async def _reserve_batch_call(
+        self, request: billing_pb.ReserveBatchRequest, timeout_s: float
+    ) -> billing_pb.ReserveBatchResponse | None:
+        try:
+            return await self._stub.ReserveBatch(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as err:
+            if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            raise
 
     async def settle(
         self, request: billing_pb.SettleRequest, timeout_s: float
@@ -240,8 +327,14 @@ def _item_result(result: billing_pb.SettleBatchResult, service: str) -> ItemResu
     return result.settle
 
 
+def _reserve_result(result: billing_pb.ReserveBatchResult, service: str) -> ReserveResult:
+    if result.status.code != grpc.StatusCode.OK.value[0]:
+        return from_rpc_error(_ItemStatusError(result.status), service)
+    return result.reservation
+
+
 class _ItemStatusError(grpc.RpcError):
-    """A SettleBatch item's status as a caught RpcError, so that it maps to the same domain
+    """A batch item's status as a caught RpcError, so that it maps to the same domain
     error (details included) as a failed unary call."""
 
     def __init__(self, status: billing_pb.BatchItemStatus) -> None:

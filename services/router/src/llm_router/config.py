@@ -18,8 +18,8 @@ from llm_common.config import (
     env_optional_port,
     env_str,
 )
+from llm_router.batching import MAX_BATCH_ITEMS
 from llm_router.local_tokenizer import TokenizeMode
-from llm_router.settle_batch import MAX_BATCH_ITEMS
 from llm_router.token_memo import MemoSettings
 
 SERVICE_NAME = "router"
@@ -30,8 +30,8 @@ DEFAULT_POLICIES_CONFIG = "infra/config/policies.yaml"
 DEFAULT_MODEL_ROOT = ".cache/models"
 DEFAULT_OUTBOX_DIR = ".cache/router-outbox"
 # A settle waits at most this long for others to share its SettleBatch call.
-MAX_SETTLE_BATCH_WAIT_MS = 1000.0
-MAX_SETTLE_BATCHES_IN_FLIGHT = 64
+MAX_BATCH_WAIT_MS = 1000.0
+MAX_BATCHES_IN_FLIGHT = 64
 _DISABLED = frozenset({"off", "none", "disabled"})
 BALANCERS = ("expected_wait", "round_robin")
 
@@ -179,6 +179,13 @@ class DownstreamSettings:
     settle_batch_max: int = 64
     settle_batch_wait_ms: float = 2.0
     settle_batch_in_flight: int = 1  # 0: every batch waits for the size or the time
+    # Reserve calls share ReserveBatch calls by the same rule (a lone admission goes out at
+    # once as a unary Reserve; under load the batches keep billing's calls in flight few, which
+    # is what keeps its tail short). The wait is short: admission is on the request's path.
+    # 0: one Reserve call each.
+    reserve_batch_max: int = 64
+    reserve_batch_wait_ms: float = 1.0
+    reserve_batch_in_flight: int = 1
     breaker_fail_max: int = 5
     breaker_reset_s: float = 10.0
     quota_fail_open: bool = True  # admit when auth's token quota cannot be checked
@@ -209,17 +216,12 @@ class DownstreamSettings:
             raise ConfigError.for_variable("ROUTER_SPECULATE_BELOW_HIT_RATE", "must be in [0, 1]")
         if self.breaker_fail_max < 1:
             raise ConfigError.for_variable("ROUTER_BREAKER_FAIL_MAX", "must be >= 1")
-        if not 0 <= self.settle_batch_max <= MAX_BATCH_ITEMS:
-            raise ConfigError.for_variable(
-                "ROUTER_SETTLE_BATCH_MAX", f"must be in 0..{MAX_BATCH_ITEMS} (0: no batching)"
-            )
-        if not 0 <= self.settle_batch_in_flight <= MAX_SETTLE_BATCHES_IN_FLIGHT:
-            raise ConfigError.for_variable(
-                "ROUTER_SETTLE_BATCH_IN_FLIGHT", f"must be in 0..{MAX_SETTLE_BATCHES_IN_FLIGHT}"
-            )
-        if not 0.0 <= self.settle_batch_wait_ms <= MAX_SETTLE_BATCH_WAIT_MS:
-            raise ConfigError.for_variable(
-                "ROUTER_SETTLE_BATCH_WAIT_MS", f"must be in 0..{MAX_SETTLE_BATCH_WAIT_MS:g}"
+        for kind in ("settle", "reserve"):
+            _check_batch(
+                kind,
+                getattr(self, f"{kind}_batch_max"),
+                getattr(self, f"{kind}_batch_wait_ms"),
+                getattr(self, f"{kind}_batch_in_flight"),
             )
 
     @classmethod
@@ -240,6 +242,13 @@ class DownstreamSettings:
             settle_batch_in_flight=env_int(
                 environ, "ROUTER_SETTLE_BATCH_IN_FLIGHT", d.settle_batch_in_flight
             ),
+            reserve_batch_max=env_int(environ, "ROUTER_RESERVE_BATCH_MAX", d.reserve_batch_max),
+            reserve_batch_wait_ms=env_float(
+                environ, "ROUTER_RESERVE_BATCH_WAIT_MS", d.reserve_batch_wait_ms, min_value=0.0
+            ),
+            reserve_batch_in_flight=env_int(
+                environ, "ROUTER_RESERVE_BATCH_IN_FLIGHT", d.reserve_batch_in_flight
+            ),
             breaker_fail_max=env_int(environ, "ROUTER_BREAKER_FAIL_MAX", d.breaker_fail_max),
             breaker_reset_s=env_float(environ, "ROUTER_BREAKER_RESET_S", d.breaker_reset_s),
             quota_fail_open=env_bool(environ, "ROUTER_QUOTA_FAIL_OPEN", d.quota_fail_open),
@@ -255,6 +264,21 @@ class DownstreamSettings:
                 environ, "ROUTER_SPECULATE_BELOW_HIT_RATE", d.speculate_below_hit_rate
             ),
         )
+
+
+def _check_batch(kind: str, max_items: int, wait_ms: float, in_flight: int) -> None:
+    """ROUTER_{SETTLE,RESERVE}_BATCH_*: the shape of a CallBatcher."""
+    prefix = f"ROUTER_{kind.upper()}_BATCH"
+    if not 0 <= max_items <= MAX_BATCH_ITEMS:
+        raise ConfigError.for_variable(
+            f"{prefix}_MAX", f"must be in 0..{MAX_BATCH_ITEMS} (0: no batching)"
+        )
+    if not 0 <= in_flight <= MAX_BATCHES_IN_FLIGHT:
+        raise ConfigError.for_variable(
+            f"{prefix}_IN_FLIGHT", f"must be in 0..{MAX_BATCHES_IN_FLIGHT}"
+        )
+    if not 0.0 <= wait_ms <= MAX_BATCH_WAIT_MS:
+        raise ConfigError.for_variable(f"{prefix}_WAIT_MS", f"must be in 0..{MAX_BATCH_WAIT_MS:g}")
 
 
 def _optional_addr(environ: Mapping[str, str], name: str) -> str | None:

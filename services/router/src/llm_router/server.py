@@ -21,11 +21,13 @@ from llm_router.admission import Admitter
 from llm_router.background import Background
 from llm_router.billing_outbox import BillingSpool
 from llm_router.clients import (
+    BatchShape,
     BillingClient,
     CacheClient,
     InferenceClient,
     QuotaClient,
     ReplicaChannels,
+    SettleBatcher,
     TokenizerClient,
     new_breaker,
 )
@@ -44,7 +46,6 @@ from llm_router.prefix import AffinityTable
 from llm_router.quota_memo import UnlimitedKeys
 from llm_router.selection import ReplicaSelector
 from llm_router.service import LLMServicer, ServiceDeps
-from llm_router.settle_batch import SettleBatcher
 from llm_router.settlement import Settler
 from llm_router.token_memo import TokenMemo
 from llmapi.llm.v1 import llm_service_pb2 as pb
@@ -149,7 +150,14 @@ async def build_runtime(
     tokenizer = TokenizerClient(
         channel(d.tokenizer_addr), d.call_timeout_s, memo, metrics.token_memo, local
     )
-    billing = BillingClient(channel(d.billing_addr), d.call_timeout_s, breakers["billing"])
+    reserve_batch = None
+    if d.reserve_batch_max > 0:
+        reserve_batch = BatchShape(
+            d.reserve_batch_max, d.reserve_batch_wait_ms / 1000, d.reserve_batch_in_flight
+        )
+    billing = BillingClient(
+        channel(d.billing_addr), d.call_timeout_s, breakers["billing"], reserve_batch=reserve_batch
+    )
     quota = None
     if d.auth_addr is not None:
         quota = QuotaClient(channel(d.auth_addr), d.call_timeout_s, breakers["auth"])
@@ -169,7 +177,7 @@ async def build_runtime(
     batcher = None
     if d.settle_batch_max > 0:
         batcher = SettleBatcher(
-            billing,
+            billing.settle_batch,
             max_items=d.settle_batch_max,
             wait_s=d.settle_batch_wait_ms / 1000,
             timeout_s=d.settle_timeout_s,

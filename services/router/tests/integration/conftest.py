@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import pytest_asyncio
 from prometheus_client import CollectorRegistry
@@ -176,9 +177,10 @@ def prices_with_embedding(workdir: Path) -> Path:
 
 @contextlib.asynccontextmanager
 async def running_billing(
-    redis_url: str, prefix: str, workdir: Path, port: int = 0
+    redis_url: str, prefix: str, workdir: Path, port: int = 0, *, older: bool = False
 ) -> AsyncIterator[RunningServer]:
-    """The billing service on the real Redis, state under `prefix`."""
+    """The billing service on the real Redis, state under `prefix`. `older`: one from before
+    ReserveBatch, which answers it UNIMPLEMENTED."""
     prices = prices_with_embedding(workdir)
     settings = BillingSettings(
         server=ServerSettings(service_name="billing", grpc_port=port, metrics_port=None),
@@ -189,8 +191,14 @@ async def running_billing(
     billing = build_billing(
         settings, load_prices(prices, "USD"), metrics=BillingMetrics(CollectorRegistry())
     )
+    if older:
+        billing.servicer.ReserveBatch = _unimplemented  # type: ignore[method-assign]
     async with running_server(billing_spec(billing), settings=settings.server) as server:
         yield server
+
+
+async def _unimplemented(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
 
 
 @contextlib.asynccontextmanager

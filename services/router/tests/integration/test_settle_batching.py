@@ -20,9 +20,8 @@ from llm_common.outbox import Outbox
 from llm_common.testing import free_port
 from llm_router.background import Background
 from llm_router.billing_outbox import BillingSpool
-from llm_router.clients import BillingClient
+from llm_router.clients import BillingCall, BillingClient, ItemResult, SettleBatcher
 from llm_router.observability import RouterMetrics
-from llm_router.settle_batch import BillingCall, ItemResult, SettleBatcher
 from llm_router.settlement import Admission, Outcome, Settler
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
@@ -60,7 +59,9 @@ class Parts:
         self.spool = BillingSpool(
             outbox, self.billing, timeout_s=2.0, metrics=metrics, batch_max=16, idle_poll_s=0.1
         )
-        self.batcher = SettleBatcher(self.billing, max_items=64, wait_s=wait_s, timeout_s=2.0)
+        self.batcher = SettleBatcher(
+            self.billing.settle_batch, max_items=64, wait_s=wait_s, timeout_s=2.0
+        )
         self.background = Background()
         self.settler = Settler(
             self.billing,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import openai
 import pytest
@@ -21,10 +22,24 @@ IDENTITY = {
 }
 
 
+_clients: list[openai.AsyncOpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+async def _close_clients() -> AsyncIterator[None]:
+    """Closes the test's clients on its own loop (an unclosed one is closed at garbage
+    collection, on whatever loop is current then, or none)."""
+    yield
+    while _clients:
+        await _clients.pop().close()
+
+
 def client(listener: Listener) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
+    api = openai.AsyncOpenAI(
         base_url=listener.base_url, api_key="unused-here", max_retries=0, timeout=10
     )
+    _clients.append(api)
+    return api
 
 
 async def test_chat_completion(listener: Listener) -> None:

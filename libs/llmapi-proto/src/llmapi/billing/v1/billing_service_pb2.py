@@ -27,17 +27,17 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmapi.common.v1 import common_pb2 as llmapi_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'llmapi/billing/v1/billing_service.proto\x12\x11llmapi.billing.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dllmapi/common/v1/common.proto\"\x8c\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x1d\n\x15max_completion_tokens\x18\x06 \x01(\x05\"\xb0\x01\n\x0fReserveResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0freserved_micros\x18\x02 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x03 \x01(\t\x12\x1b\n\x13soft_limit_exceeded\x18\x04 \x01(\x08\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tduplicate\x18\x06 \x01(\x08\"\x86\x02\n\rSettleRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\x12\x35\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1e.llmapi.common.v1.FinishReason\x12\x11\n\ttenant_id\x18\x06 \x01(\t\x12\x0e\n\x06key_id\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12/\n\x0b\x61\x64mitted_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x88\x01\n\x0eSettleResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63harged_micros\x18\x02 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\x12\x11\n\tcorrected\x18\x05 \x01(\x08\x12\x12\n\nunreserved\x18\x06 \x01(\x08\"7\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"G\n\x12SettleBatchRequest\x12\x31\n\x05items\x18\x01 \x03(\x0b\x32\".llmapi.billing.v1.SettleBatchItem\"\x83\x01\n\x0fSettleBatchItem\x12\x32\n\x06settle\x18\x01 \x01(\x0b\x32 .llmapi.billing.v1.SettleRequestH\x00\x12\x34\n\x07release\x18\x02 \x01(\x0b\x32!.llmapi.billing.v1.ReleaseRequestH\x00\x42\x06\n\x04\x63\x61ll\"L\n\x13SettleBatchResponse\x12\x35\n\x07results\x18\x01 \x03(\x0b\x32$.llmapi.billing.v1.SettleBatchResult\"\xbf\x01\n\x11SettleBatchResult\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".llmapi.billing.v1.BatchItemStatus\x12\x33\n\x06settle\x18\x02 \x01(\x0b\x32!.llmapi.billing.v1.SettleResponseH\x00\x12\x35\n\x07release\x18\x03 \x01(\x0b\x32\".llmapi.billing.v1.ReleaseResponseH\x00\x42\n\n\x08response\"W\n\x0f\x42\x61tchItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\xd6\x01\n\x0fGetUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x0bgranularity\x18\x06 \x01(\x0e\x32\x1e.llmapi.billing.v1.Granularity\"\xad\x01\n\x0bUsageBucket\x12.\n\nstart_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08requests\x18\x02 \x01(\x03\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x03\x12\x15\n\rcached_tokens\x18\x05 \x01(\x03\x12\x13\n\x0b\x63ost_micros\x18\x06 \x01(\x03\"\x84\x01\n\x10GetUsageResponse\x12/\n\x07\x62uckets\x18\x01 \x03(\x0b\x32\x1e.llmapi.billing.v1.UsageBucket\x12-\n\x05total\x18\x02 \x01(\x0b\x32\x1e.llmapi.billing.v1.UsageBucket\x12\x10\n\x08\x63urrency\x18\x03 \x01(\t\"\x82\x02\n\x06\x42udget\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12/\n\x06period\x18\x03 \x01(\x0e\x32\x1f.llmapi.billing.v1.BudgetPeriod\x12\x19\n\x11hard_limit_micros\x18\x04 \x01(\x03\x12\x19\n\x11soft_limit_micros\x18\x05 \x01(\x03\x12\x14\n\x0cspent_micros\x18\x06 \x01(\x03\x12\x17\n\x0freserved_micros\x18\x07 \x01(\x03\x12-\n\tresets_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63urrency\x18\t \x01(\t\"5\n\x10GetBudgetRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\">\n\x11GetBudgetResponse\x12)\n\x06\x62udget\x18\x01 \x01(\x0b\x32\x19.llmapi.billing.v1.Budget\"=\n\x10SetBudgetRequest\x12)\n\x06\x62udget\x18\x01 \x01(\x0b\x32\x19.llmapi.billing.v1.Budget\">\n\x11SetBudgetResponse\x12)\n\x06\x62udget\x18\x01 \x01(\x0b\x32\x19.llmapi.billing.v1.Budget\"\x85\x01\n\x12\x45xportUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"#\n\x13\x45xportUsageResponse\x12\x0c\n\x04line\x18\x01 \x01(\t\"\"\n\x11ListPricesRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xc1\x01\n\x05Price\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1d\n\x15input_micros_per_mtok\x18\x02 \x01(\x03\x12\x1e\n\x16output_micros_per_mtok\x18\x03 \x01(\x03\x12$\n\x1c\x63\x61\x63hed_input_micros_per_mtok\x18\x04 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x05 \x01(\t\x12\x32\n\x0e\x65\x66\x66\x65\x63tive_from\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\">\n\x12ListPricesResponse\x12(\n\x06prices\x18\x01 \x03(\x0b\x32\x18.llmapi.billing.v1.Price*l\n\x0bGranularity\x12\x1b\n\x17GRANULARITY_UNSPECIFIED\x10\x00\x12\x14\n\x10GRANULARITY_HOUR\x10\x01\x12\x13\n\x0fGRANULARITY_DAY\x10\x02\x12\x15\n\x11GRANULARITY_TOTAL\x10\x03*v\n\x0c\x42udgetPeriod\x12\x1d\n\x19\x42UDGET_PERIOD_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42UDGET_PERIOD_DAY\x10\x01\x12\x17\n\x13\x42UDGET_PERIOD_MONTH\x10\x02\x12\x17\n\x13\x42UDGET_PERIOD_TOTAL\x10\x03\x32\xa1\x06\n\x0e\x42illingService\x12P\n\x07Reserve\x12!.llmapi.billing.v1.ReserveRequest\x1a\".llmapi.billing.v1.ReserveResponse\x12M\n\x06Settle\x12 .llmapi.billing.v1.SettleRequest\x1a!.llmapi.billing.v1.SettleResponse\x12P\n\x07Release\x12!.llmapi.billing.v1.ReleaseRequest\x1a\".llmapi.billing.v1.ReleaseResponse\x12\\\n\x0bSettleBatch\x12%.llmapi.billing.v1.SettleBatchRequest\x1a&.llmapi.billing.v1.SettleBatchResponse\x12S\n\x08GetUsage\x12\".llmapi.billing.v1.GetUsageRequest\x1a#.llmapi.billing.v1.GetUsageResponse\x12V\n\tGetBudget\x12#.llmapi.billing.v1.GetBudgetRequest\x1a$.llmapi.billing.v1.GetBudgetResponse\x12V\n\tSetBudget\x12#.llmapi.billing.v1.SetBudgetRequest\x1a$.llmapi.billing.v1.SetBudgetResponse\x12^\n\x0b\x45xportUsage\x12%.llmapi.billing.v1.ExportUsageRequest\x1a&.llmapi.billing.v1.ExportUsageResponse0\x01\x12Y\n\nListPrices\x12$.llmapi.billing.v1.ListPricesRequest\x1a%.llmapi.billing.v1.ListPricesResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'llmapi/billing/v1/billing_service.proto\x12\x11llmapi.billing.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dllmapi/common/v1/common.proto\"\x8c\x01\n\x0eReserveRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\r\n\x05model\x18\x04 \x01(\t\x12\x15\n\rprompt_tokens\x18\x05 \x01(\x05\x12\x1d\n\x15max_completion_tokens\x18\x06 \x01(\x05\"\xb0\x01\n\x0fReserveResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x17\n\x0freserved_micros\x18\x02 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x03 \x01(\t\x12\x1b\n\x13soft_limit_exceeded\x18\x04 \x01(\x08\x12.\n\nexpires_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tduplicate\x18\x06 \x01(\x08\"\x86\x02\n\rSettleRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x03 \x01(\x05\x12\x15\n\rcached_tokens\x18\x04 \x01(\x05\x12\x35\n\rfinish_reason\x18\x05 \x01(\x0e\x32\x1e.llmapi.common.v1.FinishReason\x12\x11\n\ttenant_id\x18\x06 \x01(\t\x12\x0e\n\x06key_id\x18\x07 \x01(\t\x12\r\n\x05model\x18\x08 \x01(\t\x12/\n\x0b\x61\x64mitted_at\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x88\x01\n\x0eSettleResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63harged_micros\x18\x02 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x03 \x01(\t\x12\x11\n\tduplicate\x18\x04 \x01(\x08\x12\x11\n\tcorrected\x18\x05 \x01(\x08\x12\x12\n\nunreserved\x18\x06 \x01(\x08\"7\n\x0eReleaseRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x11\n\ttenant_id\x18\x02 \x01(\t\"#\n\x0fReleaseResponse\x12\x10\n\x08released\x18\x01 \x01(\x08\"G\n\x12SettleBatchRequest\x12\x31\n\x05items\x18\x01 \x03(\x0b\x32\".llmapi.billing.v1.SettleBatchItem\"\x83\x01\n\x0fSettleBatchItem\x12\x32\n\x06settle\x18\x01 \x01(\x0b\x32 .llmapi.billing.v1.SettleRequestH\x00\x12\x34\n\x07release\x18\x02 \x01(\x0b\x32!.llmapi.billing.v1.ReleaseRequestH\x00\x42\x06\n\x04\x63\x61ll\"L\n\x13SettleBatchResponse\x12\x35\n\x07results\x18\x01 \x03(\x0b\x32$.llmapi.billing.v1.SettleBatchResult\"\xbf\x01\n\x11SettleBatchResult\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".llmapi.billing.v1.BatchItemStatus\x12\x33\n\x06settle\x18\x02 \x01(\x0b\x32!.llmapi.billing.v1.SettleResponseH\x00\x12\x35\n\x07release\x18\x03 \x01(\x0b\x32\".llmapi.billing.v1.ReleaseResponseH\x00\x42\n\n\x08response\"G\n\x13ReserveBatchRequest\x12\x30\n\x05items\x18\x01 \x03(\x0b\x32!.llmapi.billing.v1.ReserveRequest\"N\n\x14ReserveBatchResponse\x12\x36\n\x07results\x18\x01 \x03(\x0b\x32%.llmapi.billing.v1.ReserveBatchResult\"\x81\x01\n\x12ReserveBatchResult\x12\x32\n\x06status\x18\x01 \x01(\x0b\x32\".llmapi.billing.v1.BatchItemStatus\x12\x37\n\x0breservation\x18\x02 \x01(\x0b\x32\".llmapi.billing.v1.ReserveResponse\"W\n\x0f\x42\x61tchItemStatus\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\x12%\n\x07\x64\x65tails\x18\x03 \x03(\x0b\x32\x14.google.protobuf.Any\"\xd6\x01\n\x0fGetUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12.\n\nstart_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x33\n\x0bgranularity\x18\x06 \x01(\x0e\x32\x1e.llmapi.billing.v1.Granularity\"\xad\x01\n\x0bUsageBucket\x12.\n\nstart_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08requests\x18\x02 \x01(\x03\x12\x15\n\rprompt_tokens\x18\x03 \x01(\x03\x12\x19\n\x11\x63ompletion_tokens\x18\x04 \x01(\x03\x12\x15\n\rcached_tokens\x18\x05 \x01(\x03\x12\x13\n\x0b\x63ost_micros\x18\x06 \x01(\x03\"\x84\x01\n\x10GetUsageResponse\x12/\n\x07\x62uckets\x18\x01 \x03(\x0b\x32\x1e.llmapi.billing.v1.UsageBucket\x12-\n\x05total\x18\x02 \x01(\x0b\x32\x1e.llmapi.billing.v1.UsageBucket\x12\x10\n\x08\x63urrency\x18\x03 \x01(\t\"\x82\x02\n\x06\x42udget\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12/\n\x06period\x18\x03 \x01(\x0e\x32\x1f.llmapi.billing.v1.BudgetPeriod\x12\x19\n\x11hard_limit_micros\x18\x04 \x01(\x03\x12\x19\n\x11soft_limit_micros\x18\x05 \x01(\x03\x12\x14\n\x0cspent_micros\x18\x06 \x01(\x03\x12\x17\n\x0freserved_micros\x18\x07 \x01(\x03\x12-\n\tresets_at\x18\x08 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x63urrency\x18\t \x01(\t\"5\n\x10GetBudgetRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\">\n\x11GetBudgetResponse\x12)\n\x06\x62udget\x18\x01 \x01(\x0b\x32\x19.llmapi.billing.v1.Budget\"=\n\x10SetBudgetRequest\x12)\n\x06\x62udget\x18\x01 \x01(\x0b\x32\x19.llmapi.billing.v1.Budget\">\n\x11SetBudgetResponse\x12)\n\x06\x62udget\x18\x01 \x01(\x0b\x32\x19.llmapi.billing.v1.Budget\"\x85\x01\n\x12\x45xportUsageRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12.\n\nstart_time\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12,\n\x08\x65nd_time\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"#\n\x13\x45xportUsageResponse\x12\x0c\n\x04line\x18\x01 \x01(\t\"\"\n\x11ListPricesRequest\x12\r\n\x05model\x18\x01 \x01(\t\"\xc1\x01\n\x05Price\x12\r\n\x05model\x18\x01 \x01(\t\x12\x1d\n\x15input_micros_per_mtok\x18\x02 \x01(\x03\x12\x1e\n\x16output_micros_per_mtok\x18\x03 \x01(\x03\x12$\n\x1c\x63\x61\x63hed_input_micros_per_mtok\x18\x04 \x01(\x03\x12\x10\n\x08\x63urrency\x18\x05 \x01(\t\x12\x32\n\x0e\x65\x66\x66\x65\x63tive_from\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\">\n\x12ListPricesResponse\x12(\n\x06prices\x18\x01 \x03(\x0b\x32\x18.llmapi.billing.v1.Price*l\n\x0bGranularity\x12\x1b\n\x17GRANULARITY_UNSPECIFIED\x10\x00\x12\x14\n\x10GRANULARITY_HOUR\x10\x01\x12\x13\n\x0fGRANULARITY_DAY\x10\x02\x12\x15\n\x11GRANULARITY_TOTAL\x10\x03*v\n\x0c\x42udgetPeriod\x12\x1d\n\x19\x42UDGET_PERIOD_UNSPECIFIED\x10\x00\x12\x15\n\x11\x42UDGET_PERIOD_DAY\x10\x01\x12\x17\n\x13\x42UDGET_PERIOD_MONTH\x10\x02\x12\x17\n\x13\x42UDGET_PERIOD_TOTAL\x10\x03\x32\x82\x07\n\x0e\x42illingService\x12P\n\x07Reserve\x12!.llmapi.billing.v1.ReserveRequest\x1a\".llmapi.billing.v1.ReserveResponse\x12M\n\x06Settle\x12 .llmapi.billing.v1.SettleRequest\x1a!.llmapi.billing.v1.SettleResponse\x12P\n\x07Release\x12!.llmapi.billing.v1.ReleaseRequest\x1a\".llmapi.billing.v1.ReleaseResponse\x12\\\n\x0bSettleBatch\x12%.llmapi.billing.v1.SettleBatchRequest\x1a&.llmapi.billing.v1.SettleBatchResponse\x12_\n\x0cReserveBatch\x12&.llmapi.billing.v1.ReserveBatchRequest\x1a\'.llmapi.billing.v1.ReserveBatchResponse\x12S\n\x08GetUsage\x12\".llmapi.billing.v1.GetUsageRequest\x1a#.llmapi.billing.v1.GetUsageResponse\x12V\n\tGetBudget\x12#.llmapi.billing.v1.GetBudgetRequest\x1a$.llmapi.billing.v1.GetBudgetResponse\x12V\n\tSetBudget\x12#.llmapi.billing.v1.SetBudgetRequest\x1a$.llmapi.billing.v1.SetBudgetResponse\x12^\n\x0b\x45xportUsage\x12%.llmapi.billing.v1.ExportUsageRequest\x1a&.llmapi.billing.v1.ExportUsageResponse0\x01\x12Y\n\nListPrices\x12$.llmapi.billing.v1.ListPricesRequest\x1a%.llmapi.billing.v1.ListPricesResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmapi.billing.v1.billing_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GRANULARITY']._serialized_start=3045
-  _globals['_GRANULARITY']._serialized_end=3153
-  _globals['_BUDGETPERIOD']._serialized_start=3155
-  _globals['_BUDGETPERIOD']._serialized_end=3273
+  _globals['_GRANULARITY']._serialized_start=3330
+  _globals['_GRANULARITY']._serialized_end=3438
+  _globals['_BUDGETPERIOD']._serialized_start=3440
+  _globals['_BUDGETPERIOD']._serialized_end=3558
   _globals['_RESERVEREQUEST']._serialized_start=154
   _globals['_RESERVEREQUEST']._serialized_end=294
   _globals['_RESERVERESPONSE']._serialized_start=297
@@ -58,34 +58,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SETTLEBATCHRESPONSE']._serialized_end=1256
   _globals['_SETTLEBATCHRESULT']._serialized_start=1259
   _globals['_SETTLEBATCHRESULT']._serialized_end=1450
-  _globals['_BATCHITEMSTATUS']._serialized_start=1452
-  _globals['_BATCHITEMSTATUS']._serialized_end=1539
-  _globals['_GETUSAGEREQUEST']._serialized_start=1542
-  _globals['_GETUSAGEREQUEST']._serialized_end=1756
-  _globals['_USAGEBUCKET']._serialized_start=1759
-  _globals['_USAGEBUCKET']._serialized_end=1932
-  _globals['_GETUSAGERESPONSE']._serialized_start=1935
-  _globals['_GETUSAGERESPONSE']._serialized_end=2067
-  _globals['_BUDGET']._serialized_start=2070
-  _globals['_BUDGET']._serialized_end=2328
-  _globals['_GETBUDGETREQUEST']._serialized_start=2330
-  _globals['_GETBUDGETREQUEST']._serialized_end=2383
-  _globals['_GETBUDGETRESPONSE']._serialized_start=2385
-  _globals['_GETBUDGETRESPONSE']._serialized_end=2447
-  _globals['_SETBUDGETREQUEST']._serialized_start=2449
-  _globals['_SETBUDGETREQUEST']._serialized_end=2510
-  _globals['_SETBUDGETRESPONSE']._serialized_start=2512
-  _globals['_SETBUDGETRESPONSE']._serialized_end=2574
-  _globals['_EXPORTUSAGEREQUEST']._serialized_start=2577
-  _globals['_EXPORTUSAGEREQUEST']._serialized_end=2710
-  _globals['_EXPORTUSAGERESPONSE']._serialized_start=2712
-  _globals['_EXPORTUSAGERESPONSE']._serialized_end=2747
-  _globals['_LISTPRICESREQUEST']._serialized_start=2749
-  _globals['_LISTPRICESREQUEST']._serialized_end=2783
-  _globals['_PRICE']._serialized_start=2786
-  _globals['_PRICE']._serialized_end=2979
-  _globals['_LISTPRICESRESPONSE']._serialized_start=2981
-  _globals['_LISTPRICESRESPONSE']._serialized_end=3043
-  _globals['_BILLINGSERVICE']._serialized_start=3276
-  _globals['_BILLINGSERVICE']._serialized_end=4077
+  _globals['_RESERVEBATCHREQUEST']._serialized_start=1452
+  _globals['_RESERVEBATCHREQUEST']._serialized_end=1523
+  _globals['_RESERVEBATCHRESPONSE']._serialized_start=1525
+  _globals['_RESERVEBATCHRESPONSE']._serialized_end=1603
+  _globals['_RESERVEBATCHRESULT']._serialized_start=1606
+  _globals['_RESERVEBATCHRESULT']._serialized_end=1735
+  _globals['_BATCHITEMSTATUS']._serialized_start=1737
+  _globals['_BATCHITEMSTATUS']._serialized_end=1824
+  _globals['_GETUSAGEREQUEST']._serialized_start=1827
+  _globals['_GETUSAGEREQUEST']._serialized_end=2041
+  _globals['_USAGEBUCKET']._serialized_start=2044
+  _globals['_USAGEBUCKET']._serialized_end=2217
+  _globals['_GETUSAGERESPONSE']._serialized_start=2220
+  _globals['_GETUSAGERESPONSE']._serialized_end=2352
+  _globals['_BUDGET']._serialized_start=2355
+  _globals['_BUDGET']._serialized_end=2613
+  _globals['_GETBUDGETREQUEST']._serialized_start=2615
+  _globals['_GETBUDGETREQUEST']._serialized_end=2668
+  _globals['_GETBUDGETRESPONSE']._serialized_start=2670
+  _globals['_GETBUDGETRESPONSE']._serialized_end=2732
+  _globals['_SETBUDGETREQUEST']._serialized_start=2734
+  _globals['_SETBUDGETREQUEST']._serialized_end=2795
+  _globals['_SETBUDGETRESPONSE']._serialized_start=2797
+  _globals['_SETBUDGETRESPONSE']._serialized_end=2859
+  _globals['_EXPORTUSAGEREQUEST']._serialized_start=2862
+  _globals['_EXPORTUSAGEREQUEST']._serialized_end=2995
+  _globals['_EXPORTUSAGERESPONSE']._serialized_start=2997
+  _globals['_EXPORTUSAGERESPONSE']._serialized_end=3032
+  _globals['_LISTPRICESREQUEST']._serialized_start=3034
+  _globals['_LISTPRICESREQUEST']._serialized_end=3068
+  _globals['_PRICE']._serialized_start=3071
+  _globals['_PRICE']._serialized_end=3264
+  _globals['_LISTPRICESRESPONSE']._serialized_start=3266
+  _globals['_LISTPRICESRESPONSE']._serialized_end=3328
+  _globals['_BILLINGSERVICE']._serialized_start=3561
+  _globals['_BILLINGSERVICE']._serialized_end=4459
 # @@protoc_insertion_point(module_scope)

@@ -419,6 +419,89 @@ class SettleBatchResult(_message.Message):
 Global___SettleBatchResult: _TypeAlias = SettleBatchResult  # noqa: Y015
 
 @_typing.final
+class ReserveBatchRequest(_message.Message):
+    """Reserve many requests at once."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ITEMS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReserveRequest]:
+        """1-256 items, each a whole Reserve; independent of each other (a request
+        id repeated in a batch gets the first item's result, as a repeated
+        Reserve does).
+        """
+
+    def __init__(
+        self,
+        *,
+        items: _abc.Iterable[Global___ReserveRequest] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["items", b"items"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveBatchRequest: _TypeAlias = ReserveBatchRequest  # noqa: Y015
+
+@_typing.final
+class ReserveBatchResponse(_message.Message):
+    """The results of a ReserveBatch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RESULTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReserveBatchResult]:
+        """One per item, in the order of the request's items."""
+
+    def __init__(
+        self,
+        *,
+        results: _abc.Iterable[Global___ReserveBatchResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["results", b"results"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveBatchResponse: _TypeAlias = ReserveBatchResponse  # noqa: Y015
+
+@_typing.final
+class ReserveBatchResult(_message.Message):
+    """The outcome of one Reserve of a batch."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATUS_FIELD_NUMBER: _builtins.int
+    RESERVATION_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def status(self) -> Global___BatchItemStatus:
+        """OK, or the error the unary Reserve would have returned for this item,
+        with the same google.rpc details (field names are the ReserveRequest's).
+        """
+
+    @_builtins.property
+    def reservation(self) -> Global___ReserveResponse:
+        """Set when the status is OK."""
+
+    def __init__(
+        self,
+        *,
+        status: Global___BatchItemStatus | None = ...,
+        reservation: Global___ReserveResponse | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["reservation", b"reservation", "status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reservation", b"reservation", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReserveBatchResult: _TypeAlias = ReserveBatchResult  # noqa: Y015
+
+@_typing.final
 class BatchItemStatus(_message.Message):
     """A per-item status with the fields, numbers and types of google.rpc.Status,
     so its bytes parse as a google.rpc.Status (and its details are the usual

@@ -69,6 +69,11 @@ class BillingServiceStub:
                 request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchRequest.SerializeToString,
                 response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchResponse.FromString,
                 _registered_method=True)
+        self.ReserveBatch = channel.unary_unary(
+                '/llmapi.billing.v1.BillingService/ReserveBatch',
+                request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReserveBatchRequest.SerializeToString,
+                response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReserveBatchResponse.FromString,
+                _registered_method=True)
         self.GetUsage = channel.unary_unary(
                 '/llmapi.billing.v1.BillingService/GetUsage',
                 request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetUsageRequest.SerializeToString,
@@ -154,6 +159,20 @@ class BillingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReserveBatch(self, request, context):
+        """Reserve many requests in one call (the router coalesces the admissions
+        that arrive while one of its calls is in flight). Each item is validated
+        and applied exactly as the unary Reserve would be, idempotent the same
+        way, and gets its own status in `results` (RESOURCE_EXHAUSTED with
+        QuotaFailure and RetryInfo, NOT_FOUND, ALREADY_EXISTS, INVALID_ARGUMENT,
+        UNAVAILABLE: retry the item): a refused item never fails its neighbours.
+        The call itself fails only for a bad envelope (INVALID_ARGUMENT: no items
+        or more than 256).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetUsage(self, request, context):
         """Aggregated usage over a time range.
         """
@@ -211,6 +230,11 @@ def add_BillingServiceServicer_to_server(servicer, server):
                     servicer.SettleBatch,
                     request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchRequest.FromString,
                     response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchResponse.SerializeToString,
+            ),
+            'ReserveBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveBatch,
+                    request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReserveBatchRequest.FromString,
+                    response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReserveBatchResponse.SerializeToString,
             ),
             'GetUsage': grpc.unary_unary_rpc_method_handler(
                     servicer.GetUsage,
@@ -361,6 +385,33 @@ class BillingService:
             '/llmapi.billing.v1.BillingService/SettleBatch',
             llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchRequest.SerializeToString,
             llmapi_dot_billing_dot_v1_dot_billing__service__pb2.SettleBatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.billing.v1.BillingService/ReserveBatch',
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReserveBatchRequest.SerializeToString,
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ReserveBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

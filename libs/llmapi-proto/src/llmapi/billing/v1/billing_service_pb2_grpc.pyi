@@ -71,6 +71,16 @@ class BillingServiceStub:
     more than 256) or when the ledger is unreachable before any item was
     applied (UNAVAILABLE: retry the whole batch).
     """
+    ReserveBatch: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.ReserveBatchRequest, _billing_service_pb2.ReserveBatchResponse]
+    """Reserve many requests in one call (the router coalesces the admissions
+    that arrive while one of its calls is in flight). Each item is validated
+    and applied exactly as the unary Reserve would be, idempotent the same
+    way, and gets its own status in `results` (RESOURCE_EXHAUSTED with
+    QuotaFailure and RetryInfo, NOT_FOUND, ALREADY_EXISTS, INVALID_ARGUMENT,
+    UNAVAILABLE: retry the item): a refused item never fails its neighbours.
+    The call itself fails only for a bad envelope (INVALID_ARGUMENT: no items
+    or more than 256).
+    """
     GetUsage: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetUsageRequest, _billing_service_pb2.GetUsageResponse]
     """Aggregated usage over a time range."""
     GetBudget: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetBudgetRequest, _billing_service_pb2.GetBudgetResponse]
@@ -124,6 +134,16 @@ class BillingServiceAsyncStub(BillingServiceStub):
     call itself fails only for a bad envelope (INVALID_ARGUMENT: no items or
     more than 256) or when the ledger is unreachable before any item was
     applied (UNAVAILABLE: retry the whole batch).
+    """
+    ReserveBatch: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.ReserveBatchRequest, _billing_service_pb2.ReserveBatchResponse]  # type: ignore[assignment]
+    """Reserve many requests in one call (the router coalesces the admissions
+    that arrive while one of its calls is in flight). Each item is validated
+    and applied exactly as the unary Reserve would be, idempotent the same
+    way, and gets its own status in `results` (RESOURCE_EXHAUSTED with
+    QuotaFailure and RetryInfo, NOT_FOUND, ALREADY_EXISTS, INVALID_ARGUMENT,
+    UNAVAILABLE: retry the item): a refused item never fails its neighbours.
+    The call itself fails only for a bad envelope (INVALID_ARGUMENT: no items
+    or more than 256).
     """
     GetUsage: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetUsageRequest, _billing_service_pb2.GetUsageResponse]  # type: ignore[assignment]
     """Aggregated usage over a time range."""
@@ -199,6 +219,22 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         call itself fails only for a bad envelope (INVALID_ARGUMENT: no items or
         more than 256) or when the ledger is unreachable before any item was
         applied (UNAVAILABLE: retry the whole batch).
+        """
+
+    @_abc_1.abstractmethod
+    def ReserveBatch(
+        self,
+        request: _billing_service_pb2.ReserveBatchRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_billing_service_pb2.ReserveBatchResponse, _abc.Awaitable[_billing_service_pb2.ReserveBatchResponse]]:
+        """Reserve many requests in one call (the router coalesces the admissions
+        that arrive while one of its calls is in flight). Each item is validated
+        and applied exactly as the unary Reserve would be, idempotent the same
+        way, and gets its own status in `results` (RESOURCE_EXHAUSTED with
+        QuotaFailure and RetryInfo, NOT_FOUND, ALREADY_EXISTS, INVALID_ARGUMENT,
+        UNAVAILABLE: retry the item): a refused item never fails its neighbours.
+        The call itself fails only for a bad envelope (INVALID_ARGUMENT: no items
+        or more than 256).
         """
 
     @_abc_1.abstractmethod

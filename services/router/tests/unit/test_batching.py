@@ -1,6 +1,6 @@
-"""SettleBatcher's flush rules (at once while a call slot is free; else size, a returning
+"""CallBatcher's flush rules (at once while a call slot is free; else size, a returning
 call or time, whichever first; whole-call failures to every caller) and the
-ROUTER_SETTLE_BATCH_* settings. The billing side is in
+ROUTER_SETTLE_BATCH_* and ROUTER_RESERVE_BATCH_* settings. The billing side is in
 tests/integration/test_settle_batching.py."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 
 from llm_common.config import ConfigError
 from llm_common.errors import InvalidArgument, Unavailable
+from llm_router.clients import BillingCall, ItemResult, SettleBatcher
 from llm_router.config import Settings
-from llm_router.settle_batch import BillingCall, ItemResult, SettleBatcher
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 
 REQUIRED = {"TOKENIZER_SERVICE_ADDR": "tok:1", "BILLING_SERVICE_ADDR": "bill:1",
@@ -46,7 +46,7 @@ def settle(rid: str) -> billing_pb.SettleRequest:
 
 async def test_a_full_queue_goes_out_at_once() -> None:
     sender = RecordingSender()
-    batcher = SettleBatcher(sender, max_items=4, wait_s=60.0, timeout_s=1.0)
+    batcher = SettleBatcher(sender.settle_batch, max_items=4, wait_s=60.0, timeout_s=1.0)
     replies = await asyncio.wait_for(
         asyncio.gather(*(batcher.submit(settle(f"r{i}")) for i in range(8))), timeout=5
     )
@@ -56,7 +56,7 @@ async def test_a_full_queue_goes_out_at_once() -> None:
 
 async def test_a_partial_queue_goes_out_after_the_wait() -> None:
     sender = RecordingSender()
-    batcher = SettleBatcher(sender, max_items=64, wait_s=0.01, timeout_s=1.0)
+    batcher = SettleBatcher(sender.settle_batch, max_items=64, wait_s=0.01, timeout_s=1.0)
     first = asyncio.ensure_future(batcher.submit(settle("r0")))
     await asyncio.sleep(0)
     assert sender.calls == []
@@ -69,7 +69,7 @@ async def test_a_partial_queue_goes_out_after_the_wait() -> None:
 
 async def test_each_caller_gets_its_own_outcome() -> None:
     sender = RecordingSender()
-    batcher = SettleBatcher(sender, max_items=3, wait_s=60.0, timeout_s=1.0)
+    batcher = SettleBatcher(sender.settle_batch, max_items=3, wait_s=60.0, timeout_s=1.0)
     results = await asyncio.gather(
         *(batcher.submit(settle(rid)) for rid in ("r0", "bad", "r2")), return_exceptions=True
     )
@@ -80,7 +80,7 @@ async def test_each_caller_gets_its_own_outcome() -> None:
 async def test_a_failed_call_fails_every_item_of_it() -> None:
     sender = RecordingSender()
     sender.down = True
-    batcher = SettleBatcher(sender, max_items=2, wait_s=60.0, timeout_s=1.0)
+    batcher = SettleBatcher(sender.settle_batch, max_items=2, wait_s=60.0, timeout_s=1.0)
     results = await asyncio.gather(
         batcher.submit(settle("r0")), batcher.submit(settle("r1")), return_exceptions=True
     )
@@ -89,7 +89,7 @@ async def test_a_failed_call_fails_every_item_of_it() -> None:
 
 async def test_flush_sends_the_queue_now() -> None:
     sender = RecordingSender()
-    batcher = SettleBatcher(sender, max_items=64, wait_s=60.0, timeout_s=1.0)
+    batcher = SettleBatcher(sender.settle_batch, max_items=64, wait_s=60.0, timeout_s=1.0)
     pending = asyncio.ensure_future(batcher.submit(settle("r0")))
     await asyncio.sleep(0)
     await asyncio.wait_for(batcher.flush(), timeout=5)
@@ -114,7 +114,9 @@ class GatedSender(RecordingSender):
 
 async def test_an_idle_batcher_sends_at_once() -> None:
     sender = RecordingSender()
-    batcher = SettleBatcher(sender, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1)
+    batcher = SettleBatcher(
+        sender.settle_batch, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1
+    )
     reply = await asyncio.wait_for(batcher.submit(settle("r0")), timeout=5)
     assert reply.request_id == "r0"  # type: ignore[union-attr]
     assert sender.calls == [["r0"]]
@@ -122,7 +124,9 @@ async def test_an_idle_batcher_sends_at_once() -> None:
 
 async def test_items_queued_behind_a_call_go_out_when_it_returns() -> None:
     sender = GatedSender()
-    batcher = SettleBatcher(sender, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1)
+    batcher = SettleBatcher(
+        sender.settle_batch, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1
+    )
     first = asyncio.ensure_future(batcher.submit(settle("r0")))
     await asyncio.sleep(0.01)
     rest = [asyncio.ensure_future(batcher.submit(settle(f"r{i}"))) for i in (1, 2, 3)]
@@ -136,7 +140,9 @@ async def test_items_queued_behind_a_call_go_out_when_it_returns() -> None:
 
 async def test_the_wait_still_caps_a_queue_behind_a_slow_call() -> None:
     sender = GatedSender()
-    batcher = SettleBatcher(sender, max_items=64, wait_s=0.01, timeout_s=1.0, max_in_flight=1)
+    batcher = SettleBatcher(
+        sender.settle_batch, max_items=64, wait_s=0.01, timeout_s=1.0, max_in_flight=1
+    )
     first = asyncio.ensure_future(batcher.submit(settle("r0")))
     await asyncio.sleep(0)
     second = asyncio.ensure_future(batcher.submit(settle("r1")))
@@ -146,40 +152,34 @@ async def test_the_wait_still_caps_a_queue_behind_a_slow_call() -> None:
     await asyncio.wait_for(asyncio.gather(first, second), timeout=5)
 
 
-def test_batching_is_on_by_default_and_configurable() -> None:
-    default = Settings.from_env(REQUIRED).downstream
-    assert (
-        default.settle_batch_max,
-        default.settle_batch_wait_ms,
-        default.settle_batch_in_flight,
-    ) == (64, 2.0, 1)
-    custom = Settings.from_env(
-        {
-            **REQUIRED,
-            "ROUTER_SETTLE_BATCH_MAX": "0",
-            "ROUTER_SETTLE_BATCH_WAIT_MS": "5",
-            "ROUTER_SETTLE_BATCH_IN_FLIGHT": "0",
-        }
-    ).downstream
-    assert (
-        custom.settle_batch_max,
-        custom.settle_batch_wait_ms,
-        custom.settle_batch_in_flight,
-    ) == (0, 5.0, 0)
-
-
 @pytest.mark.parametrize(
-    ("overrides", "variable"),
-    [
-        ({"ROUTER_SETTLE_BATCH_MAX": "257"}, "ROUTER_SETTLE_BATCH_MAX"),
-        ({"ROUTER_SETTLE_BATCH_MAX": "-1"}, "ROUTER_SETTLE_BATCH_MAX"),
-        ({"ROUTER_SETTLE_BATCH_WAIT_MS": "-1"}, "ROUTER_SETTLE_BATCH_WAIT_MS"),
-        ({"ROUTER_SETTLE_BATCH_WAIT_MS": "5000"}, "ROUTER_SETTLE_BATCH_WAIT_MS"),
-        ({"ROUTER_SETTLE_BATCH_IN_FLIGHT": "-1"}, "ROUTER_SETTLE_BATCH_IN_FLIGHT"),
-        ({"ROUTER_SETTLE_BATCH_IN_FLIGHT": "65"}, "ROUTER_SETTLE_BATCH_IN_FLIGHT"),
-    ],
+    ("kind", "defaults"), [("settle", (64, 2.0, 1)), ("reserve", (64, 1.0, 1))]
 )
-def test_bad_batch_settings_name_the_variable(overrides: dict[str, str], variable: str) -> None:
+def test_batching_is_on_by_default_and_configurable(
+    kind: str, defaults: tuple[int, float, int]
+) -> None:
+    def shape(settings: Settings) -> tuple[int, float, int]:
+        d = settings.downstream
+        return (
+            getattr(d, f"{kind}_batch_max"),
+            getattr(d, f"{kind}_batch_wait_ms"),
+            getattr(d, f"{kind}_batch_in_flight"),
+        )
+
+    assert shape(Settings.from_env(REQUIRED)) == defaults
+    prefix = f"ROUTER_{kind.upper()}_BATCH"
+    custom = {f"{prefix}_MAX": "0", f"{prefix}_WAIT_MS": "5", f"{prefix}_IN_FLIGHT": "0"}
+    assert shape(Settings.from_env({**REQUIRED, **custom})) == (0, 5.0, 0)
+
+
+@pytest.mark.parametrize("kind", ["SETTLE", "RESERVE"])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("MAX", "257"), ("MAX", "-1"), ("WAIT_MS", "-1"), ("WAIT_MS", "5000"),
+     ("IN_FLIGHT", "-1"), ("IN_FLIGHT", "65")],
+)  # fmt: skip
+def test_bad_batch_settings_name_the_variable(kind: str, name: str, value: str) -> None:
+    variable = f"ROUTER_{kind}_BATCH_{name}"
     with pytest.raises(ConfigError) as exc:
-        Settings.from_env({**REQUIRED, **overrides})
+        Settings.from_env({**REQUIRED, variable: value})
     assert str(exc.value).startswith(variable)

@@ -1,40 +1,32 @@
-"""Coalesce background settlements into SettleBatch calls.
+"""Coalesce calls to billing into batch calls (SettleBatch, ReserveBatch).
 
 grpc-python spends about as much CPU per unary call on each side as billing spends on the
-ledger, so one call per settle caps billing's throughput; settles are off the request's
-critical path, so waiting a couple of milliseconds to share a call costs the caller nothing.
-A batch goes out at once while fewer than `max_in_flight` batches are in flight (so an idle
-router settles without waiting, and under load the calls in flight set the batch size);
-otherwise when `max_items` are queued, when a batch in flight returns, or `wait_s` after its
-first item, whichever comes first. Each caller gets its own item's outcome (a response, or
-the ServiceError the unary call would have raised).
+ledger, and under load the calls in flight queue up in billing's one event loop, so one call
+per item caps billing's throughput and stretches its tail. A batch goes out at once while
+fewer than `max_in_flight` batches are in flight (so an idle router never waits: its one item
+goes alone), and under load the calls in flight set the batch size; otherwise when
+`max_items` are queued, when a batch in flight returns, or `wait_s` after its first item,
+whichever comes first. Each caller gets its own item's outcome (a response, or the
+ServiceError the unary call would have raised).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
 
-from llmapi.billing.v1 import billing_service_pb2 as billing_pb
+MAX_BATCH_ITEMS = 256  # billing's limit per SettleBatch and ReserveBatch
 
-BillingCall = billing_pb.SettleRequest | billing_pb.ReleaseRequest
-CallResponse = billing_pb.SettleResponse | billing_pb.ReleaseResponse
-# Per item: its response, or the error the unary call would have raised.
-ItemResult = CallResponse | Exception
-MAX_BATCH_ITEMS = 256  # billing's limit per SettleBatch
-
-
-class BatchSender(Protocol):
-    """Sends one SettleBatch (BillingClient.settle_batch)."""
-
-    async def settle_batch(
-        self, calls: Sequence[BillingCall], timeout_s: float
-    ) -> list[ItemResult]: ...
+Call = TypeVar("Call")
+Response = TypeVar("Response")
+# Sends one batch: per item its response or the error the unary call would have raised; a
+# failure of the whole call is raised.
+SendBatch = Callable[[Sequence[Call], float], Awaitable[Sequence[Response | Exception]]]
 
 
-class SettleBatcher:
-    """Queues Settle/Release calls and sends them as SettleBatch calls.
+class CallBatcher(Generic[Call, Response]):
+    """Queues calls and sends them in batches through `send`.
 
     `max_in_flight` 0: every batch waits for `max_items` or `wait_s`. A failure of the whole
     call (e.g. UNAVAILABLE) is raised to every caller of that batch, exactly as the unary call
@@ -42,7 +34,7 @@ class SettleBatcher:
 
     def __init__(
         self,
-        sender: BatchSender,
+        send: SendBatch[Call, Response],
         *,
         max_items: int,
         wait_s: float,
@@ -53,12 +45,12 @@ class SettleBatcher:
             raise ValueError(f"max_items must be in 1..{MAX_BATCH_ITEMS}")
         if max_in_flight < 0:
             raise ValueError("max_in_flight must be >= 0")
-        self._sender = sender
+        self._send_batch = send
         self._max_items = max_items
         self._wait_s = wait_s
         self._timeout_s = timeout_s
         self._max_in_flight = max_in_flight
-        self._queue: list[tuple[BillingCall, asyncio.Future[CallResponse]]] = []
+        self._queue: list[tuple[Call, asyncio.Future[Response]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self.batches_sent = 0
@@ -67,10 +59,10 @@ class SettleBatcher:
         """Calls queued, not yet sent."""
         return len(self._queue)
 
-    async def submit(self, call: BillingCall) -> CallResponse:
+    async def submit(self, call: Call) -> Response:
         """Queue `call`; its response once its batch is answered, else its ServiceError."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[CallResponse] = loop.create_future()
+        future: asyncio.Future[Response] = loop.create_future()
         self._queue.append((call, future))
         if len(self._queue) >= self._max_items or self._room():
             self._send_queued()
@@ -104,10 +96,10 @@ class SettleBatcher:
         self._in_flight.add(task)
         task.add_done_callback(self._after)
 
-    async def _send(self, batch: list[tuple[BillingCall, asyncio.Future[CallResponse]]]) -> None:
+    async def _send(self, batch: list[tuple[Call, asyncio.Future[Response]]]) -> None:
         self.batches_sent += 1
         try:
-            results = await self._sender.settle_batch([c for c, _ in batch], self._timeout_s)
+            results = await self._send_batch([c for c, _ in batch], self._timeout_s)
         except Exception as exc:  # the whole call failed: each caller sees it as its own
             for _, future in batch:
                 if not future.done():
