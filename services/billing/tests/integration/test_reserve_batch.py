@@ -17,23 +17,13 @@ from llm_common.errors import parse_error
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 
+from .test_server import reserve
+
 pytestmark = pytest.mark.integration
 
 if TYPE_CHECKING:
     Stub = pb_grpc.BillingServiceAsyncStub
 CODES = {c.value[0]: c.name for c in grpc.StatusCode}
-
-
-def reserve(rid: str, **overrides: Any) -> pb.ReserveRequest:
-    fields: dict[str, Any] = {
-        "request_id": rid,
-        "tenant_id": "acme",
-        "key_id": "k1",
-        "model": "small",
-        "prompt_tokens": 1000,
-        "max_completion_tokens": 500,
-    }
-    return pb.ReserveRequest(**{**fields, **overrides})
 
 
 async def batch(stub: Stub, *items: pb.ReserveRequest) -> list[pb.ReserveBatchResult]:

@@ -48,6 +48,7 @@ from llm_router.server import Runtime, build_runtime
 from llm_tokenizer.config import Limits as TokenizerLimits
 from llm_tokenizer.registry import load_registry
 from llm_tokenizer.server import build_spec as tokenizer_spec
+from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as inf_grpc
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
 
@@ -195,6 +196,18 @@ async def running_billing(
         billing.servicer.ReserveBatch = _unimplemented  # type: ignore[method-assign]
     async with running_server(billing_spec(billing), settings=settings.server) as server:
         yield server
+
+
+def reserve_request(rid: str, tenant: str, model: str = "demo-llama") -> billing_pb.ReserveRequest:
+    """A billing Reserve of 100 prompt tokens + 50 completion tokens, as the router sends it."""
+    return billing_pb.ReserveRequest(
+        request_id=rid,
+        tenant_id=tenant,
+        key_id="k1",
+        model=model,
+        prompt_tokens=100,
+        max_completion_tokens=50,
+    )
 
 
 async def _unimplemented(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:

@@ -6,6 +6,7 @@ ReserveBatch gets unary calls, and an unreachable billing fails every caller."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -14,13 +15,13 @@ import pytest
 
 from llm_auth.testing import delete_prefix, unique_prefix
 from llm_common.errors import QuotaExceeded
-from llm_common.testing import free_port
+from llm_common.testing import RunningServer, free_port
 from llm_router.clients import BatchShape, BillingClient, ReserveResult
 from llm_router.errors import DependencyUnavailable
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 
-from .conftest import running_billing
+from .conftest import reserve_request, running_billing
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 MODEL = "demo-llama"
@@ -50,14 +51,19 @@ async def prefix(redis_url: str) -> AsyncIterator[str]:
 
 
 def request(rid: str) -> billing_pb.ReserveRequest:
-    return billing_pb.ReserveRequest(
-        request_id=rid,
-        tenant_id=TENANT,
-        key_id="k1",
-        model=MODEL,
-        prompt_tokens=100,
-        max_completion_tokens=50,
-    )
+    return reserve_request(rid, TENANT, MODEL)
+
+
+@contextlib.asynccontextmanager
+async def billing_and_client(
+    redis_url: str, prefix: str, workdir: Path, *, older: bool = False
+) -> AsyncIterator[tuple[RunningServer, CountingBilling]]:
+    """A billing service (`older`: without ReserveBatch) and a batching client of it."""
+    async with (
+        running_billing(redis_url, prefix, workdir, older=older) as billing,
+        grpc.aio.insecure_channel(billing.target) as channel,
+    ):
+        yield billing, CountingBilling(channel)
 
 
 async def budget(channel: grpc.aio.Channel, limit: int = 0) -> billing_pb.Budget:
@@ -84,11 +90,7 @@ async def outcomes(client: BillingClient, rids: list[str]) -> list[ReserveResult
 async def test_a_lone_reserve_is_unary_and_concurrent_ones_share_calls(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    async with (
-        running_billing(redis_url, prefix, tmp_path) as billing,
-        grpc.aio.insecure_channel(billing.target) as channel,
-    ):
-        client = CountingBilling(channel)
+    async with billing_and_client(redis_url, prefix, tmp_path) as (billing, client):
         await budget(billing.channel, 10**12)
         lone = await client.reserve(request("lone"))
         assert client.batches == [1]  # nothing was in flight: sent at once, alone
@@ -107,11 +109,7 @@ async def test_a_lone_reserve_is_unary_and_concurrent_ones_share_calls(
 async def test_a_refused_item_alone_gets_quota_exceeded(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    async with (
-        running_billing(redis_url, prefix, tmp_path) as billing,
-        grpc.aio.insecure_channel(billing.target) as channel,
-    ):
-        client = CountingBilling(channel)
+    async with billing_and_client(redis_url, prefix, tmp_path) as (billing, client):
         each = (await client.reserve(request("probe"))).reserved_micros
         await budget(billing.channel, 11 * each)  # the probe and 10 more fit
 
@@ -128,11 +126,7 @@ async def test_a_refused_item_alone_gets_quota_exceeded(
 async def test_an_older_billing_gets_unary_reserves(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    async with (
-        running_billing(redis_url, prefix, tmp_path, older=True) as billing,
-        grpc.aio.insecure_channel(billing.target) as channel,
-    ):
-        client = CountingBilling(channel)
+    async with billing_and_client(redis_url, prefix, tmp_path, older=True) as (billing, client):
         first = await outcomes(client, [f"a{i}" for i in range(20)])
         second = await outcomes(client, [f"b{i}" for i in range(20)])
 

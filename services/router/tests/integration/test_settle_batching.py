@@ -27,7 +27,7 @@ from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 from llmapi.common.v1 import common_pb2
 
-from .conftest import running_billing, wait_for
+from .conftest import reserve_request, running_billing, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 MODEL = "demo-llama"
@@ -112,15 +112,7 @@ def outcome(completion: int) -> Outcome:
 
 
 async def reserve(billing: BillingClient, rid: str, tenant: str) -> None:
-    request = billing_pb.ReserveRequest(
-        request_id=rid,
-        tenant_id=tenant,
-        key_id="k1",
-        model=MODEL,
-        prompt_tokens=100,
-        max_completion_tokens=50,
-    )
-    await billing.reserve(request)
+    await billing.reserve(reserve_request(rid, tenant, MODEL))
 
 
 async def usage(channel: grpc.aio.Channel, tenant: str) -> billing_pb.UsageBucket:

@@ -112,11 +112,16 @@ class GatedSender(RecordingSender):
         return [billing_pb.SettleResponse(request_id=c.request_id) for c in calls]
 
 
+def one_slot(sender: RecordingSender, wait_s: float = 60.0) -> SettleBatcher:
+    """A batcher that sends at once while no call of it is in flight."""
+    return SettleBatcher(
+        sender.settle_batch, max_items=64, wait_s=wait_s, timeout_s=1.0, max_in_flight=1
+    )
+
+
 async def test_an_idle_batcher_sends_at_once() -> None:
     sender = RecordingSender()
-    batcher = SettleBatcher(
-        sender.settle_batch, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1
-    )
+    batcher = one_slot(sender)
     reply = await asyncio.wait_for(batcher.submit(settle("r0")), timeout=5)
     assert reply.request_id == "r0"  # type: ignore[union-attr]
     assert sender.calls == [["r0"]]
@@ -124,9 +129,7 @@ async def test_an_idle_batcher_sends_at_once() -> None:
 
 async def test_items_queued_behind_a_call_go_out_when_it_returns() -> None:
     sender = GatedSender()
-    batcher = SettleBatcher(
-        sender.settle_batch, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1
-    )
+    batcher = one_slot(sender)
     first = asyncio.ensure_future(batcher.submit(settle("r0")))
     await asyncio.sleep(0.01)
     rest = [asyncio.ensure_future(batcher.submit(settle(f"r{i}"))) for i in (1, 2, 3)]
@@ -140,9 +143,7 @@ async def test_items_queued_behind_a_call_go_out_when_it_returns() -> None:
 
 async def test_the_wait_still_caps_a_queue_behind_a_slow_call() -> None:
     sender = GatedSender()
-    batcher = SettleBatcher(
-        sender.settle_batch, max_items=64, wait_s=0.01, timeout_s=1.0, max_in_flight=1
-    )
+    batcher = one_slot(sender, wait_s=0.01)
     first = asyncio.ensure_future(batcher.submit(settle("r0")))
     await asyncio.sleep(0)
     second = asyncio.ensure_future(batcher.submit(settle("r1")))
