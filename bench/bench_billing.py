@@ -1013,7 +1013,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     levels = result["levels"]
     labels = [str(level["concurrency"]) for level in levels]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (left, right, open_loop) = plt.subplots(1, 3, figsize=(15, 4))
     width, xs = 0.16, range(len(levels))
     arms = (
         (-2 * width, "grpc", "gRPC, workers"),
@@ -1038,9 +1038,30 @@ def plot(result: dict[str, Any], path: Path) -> None:
     )
     left.legend()
     right.legend()
+    _plot_open_loop(open_loop, levels)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _plot_open_loop(ax: Any, levels: list[dict[str, Any]]) -> None:
+    """The open-loop arms' p99 in each of their runs (one run per level), against the goal."""
+    arms = (
+        (GOAL_STREAM_ARM, "settles, goal + 5%"),
+        (STREAM_ARM, "settles, goal + 25%"),
+        (STREAM_TIMER_ARM, "settles, timer-only batcher"),
+        (PAIR_STREAM_ARM, "Reserve+settle, ReserveBatch"),
+        (PAIR_STREAM_UNARY_ARM, "Reserve+settle, unary Reserve"),
+    )
+    width = 0.8 / len(arms)
+    for n, (arm, name) in enumerate(arms):
+        at = [run + (n - (len(arms) - 1) / 2) * width for run in range(len(levels))]
+        p99 = [_pair_p99(lv[arm]) if "reserve" in lv[arm] else lv[arm]["settle"]["p99_ms"]
+               for lv in levels]  # fmt: skip
+        ax.bar(at, p99, width, label=name)
+    ax.axhline(GOAL_P99_MS, color="red", linestyle="--", label="goal")
+    ax.set(title="Open loop: p99 (ms) per run", xlabel="run", xticks=list(range(len(levels))))
+    ax.legend(fontsize="small")
 
 
 def main() -> None:
