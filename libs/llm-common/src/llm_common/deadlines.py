@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import time
 from contextvars import ContextVar
 from typing import overload
@@ -13,6 +14,14 @@ deadline_var: ContextVar[float | None] = ContextVar("llm_deadline", default=None
 def deadline_after(timeout_s: float | None) -> float | None:
     """The monotonic deadline `timeout_s` seconds from now (None stays None)."""
     return None if timeout_s is None else time.monotonic() + timeout_s
+
+
+def without_deadline() -> contextvars.Context:
+    """A copy of the current context with no deadline (its request id and trace kept): for
+    work that outlives the RPC or serves several RPCs at once."""
+    context = contextvars.copy_context()
+    context.run(deadline_var.set, None)
+    return context
 
 
 def time_left() -> float | None:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from collections.abc import Coroutine
 from typing import Any
 
-from llm_common.deadlines import deadline_var
+from llm_common.deadlines import without_deadline
 
 
 class Background:
@@ -18,9 +17,7 @@ class Background:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        context = contextvars.copy_context()
-        context.run(deadline_var.set, None)
-        task = asyncio.get_running_loop().create_task(coro, context=context)
+        task = asyncio.get_running_loop().create_task(coro, context=without_deadline())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task

@@ -16,6 +16,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
+from llm_common.deadlines import without_deadline
+
 MAX_BATCH_ITEMS = 256  # billing's limit per SettleBatch and ReserveBatch
 
 Call = TypeVar("Call")
@@ -92,7 +94,9 @@ class CallBatcher(Generic[Call, Response]):
         if not self._queue:
             return
         batch, self._queue = self._queue, []
-        task = asyncio.get_running_loop().create_task(self._send(batch))
+        # Not under the deadline of whichever caller happens to send: the batch serves them
+        # all, with its own timeout (each caller still stops waiting at its own deadline).
+        task = asyncio.get_running_loop().create_task(self._send(batch), context=without_deadline())
         self._in_flight.add(task)
         task.add_done_callback(self._after)
 

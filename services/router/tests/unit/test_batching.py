@@ -6,11 +6,13 @@ tests/integration/test_settle_batching.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import pytest
 
 from llm_common.config import ConfigError
+from llm_common.deadlines import deadline_var, time_left
 from llm_common.errors import InvalidArgument, Unavailable
 from llm_router.clients import BillingCall, ItemResult, SettleBatcher
 from llm_router.config import Settings
@@ -25,12 +27,14 @@ class RecordingSender:
 
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
+        self.time_left: list[float | None] = []  # the deadline each call ran under
         self.down = False
 
     async def settle_batch(
         self, calls: Sequence[BillingCall], timeout_s: float
     ) -> list[ItemResult]:
         self.calls.append([c.request_id for c in calls])
+        self.time_left.append(time_left())
         if self.down:
             raise Unavailable("billing is unavailable")
         return [
@@ -108,6 +112,7 @@ class GatedSender(RecordingSender):
         self, calls: Sequence[BillingCall], timeout_s: float
     ) -> list[ItemResult]:
         self.calls.append([c.request_id for c in calls])
+        self.time_left.append(time_left())
         await self.open.wait()
         return [billing_pb.SettleResponse(request_id=c.request_id) for c in calls]
 
@@ -139,6 +144,26 @@ async def test_items_queued_behind_a_call_go_out_when_it_returns() -> None:
     sender.open.set()
     await asyncio.wait_for(asyncio.gather(first, *rest), timeout=5)
     assert sender.calls == [["r0"], ["r1", "r2", "r3"]]
+
+
+async def test_a_batch_runs_under_no_caller_s_deadline() -> None:
+    sender = GatedSender()
+    batcher = one_slot(sender)
+
+    async def caller(rid: str, seconds_left: float) -> object:
+        deadline_var.set(time.monotonic() + seconds_left)  # this task's own RPC deadline
+        return await batcher.submit(settle(rid))
+
+    first = asyncio.ensure_future(caller("r0", 0.005))
+    await asyncio.sleep(0.01)
+    # These two queue behind the first, whose deadline has passed by the time its call
+    # returns and theirs goes out (from the first's completion).
+    rest = [asyncio.ensure_future(caller(r, 30.0)) for r in ("r1", "r2")]
+    await asyncio.sleep(0.01)
+    sender.open.set()
+    await asyncio.wait_for(asyncio.gather(first, *rest), timeout=5)
+    assert sender.calls == [["r0"], ["r1", "r2"]]
+    assert sender.time_left == [None, None]  # the batch call keeps its own timeout
 
 
 async def test_the_wait_still_caps_a_queue_behind_a_slow_call() -> None:
