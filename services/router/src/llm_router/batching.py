@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from llm_common.deadlines import without_deadline
@@ -25,6 +26,16 @@ Response = TypeVar("Response")
 # Sends one batch: per item its response or the error the unary call would have raised; a
 # failure of the whole call is raised.
 SendBatch = Callable[[Sequence[Call], float], Awaitable[Sequence[Response | Exception]]]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """How a CallBatcher coalesces calls: at most `max_items` a call, at most `wait_s` of
+    waiting for company, sent at once while fewer than `max_in_flight` calls are in flight."""
+
+    max_items: int
+    wait_s: float
+    max_in_flight: int
 
 
 class CallBatcher(Generic[Call, Response]):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -20,7 +19,7 @@ from llm_common.errors import (
 )
 from llm_common.logging import get_logger
 from llm_common.resilience import AsyncBreaker, BreakerOpen
-from llm_router.batching import CallBatcher
+from llm_router.batching import BatchShape, CallBatcher
 from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error, is_client_error
 from llm_router.load import LoadSnapshot
 from llm_router.local_tokenizer import LocalTokenizer
@@ -185,15 +184,6 @@ class QuotaClient:
         await _guarded(
             self._breaker, self.service, lambda: self._stub.RefundTokens(request, timeout=timeout_s)
         )
-
-
-@dataclass(frozen=True, slots=True)
-class BatchShape:
-    """How a CallBatcher coalesces calls (see llm_router.batching)."""
-
-    max_items: int
-    wait_s: float
-    max_in_flight: int
 
 
 class BillingClient:

@@ -19,9 +19,9 @@ from llm_common.resilience import AsyncBreaker
 from llm_common.server import BuiltServer, ServiceSpec
 from llm_router.admission import Admitter
 from llm_router.background import Background
+from llm_router.batching import BatchShape
 from llm_router.billing_outbox import BillingSpool
 from llm_router.clients import (
-    BatchShape,
     BillingClient,
     CacheClient,
     InferenceClient,
