@@ -124,7 +124,9 @@ class ScriptedLLM(pb_grpc.LLMServiceServicer):
                 finish_reason=common_pb2.FINISH_REASON_STOP,
                 usage=self._usage(words),
             )
-        except asyncio.CancelledError:
+        # Cancelled inside this generator, or (when the cancel lands while the server writes
+        # what it yielded) closed at its yield: either way the caller went away.
+        except (asyncio.CancelledError, GeneratorExit):
             self.seen.cancelled.set()
             raise
 
