@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -45,6 +46,9 @@ ReserveResult = billing_pb.ReserveResponse | Exception
 # Settles and releases coalesced into SettleBatch calls (BillingClient.settle_batch).
 SettleBatcher = CallBatcher[BillingCall, CallResponse]
 _log = get_logger(__name__)
+# After an UNIMPLEMENTED ReserveBatch, how long Reserves stay unary before batching is tried
+# again (the billing may have been upgraded meanwhile).
+RESERVE_BATCH_RETRY_S = 60.0
 # Business answers, not faults: they never trip a breaker.
 BUSINESS_ERRORS = (QuotaExceeded, InvalidArgument, NotFound, PermissionDenied, FailedPrecondition)
 
@@ -191,7 +195,8 @@ class BillingClient:
 
     With `reserve_batch`, the Reserve calls of concurrent admissions share ReserveBatch calls
     (a lone one still goes out at once, as a unary Reserve). A billing that predates
-    ReserveBatch answers UNIMPLEMENTED: from then on every Reserve is a unary call again.
+    ReserveBatch answers UNIMPLEMENTED: Reserves are then unary calls for
+    `reserve_batch_retry_s`, after which batching is tried again.
     """
 
     service = "billing"
@@ -203,6 +208,7 @@ class BillingClient:
         breaker: AsyncBreaker | None,
         *,
         reserve_batch: BatchShape | None = None,
+        reserve_batch_retry_s: float = RESERVE_BATCH_RETRY_S,
     ) -> None:
         self._stub = billing_grpc.BillingServiceStub(channel)
         self._timeout_s = timeout_s
@@ -218,7 +224,8 @@ class BillingClient:
                 timeout_s=timeout_s,
                 max_in_flight=reserve_batch.max_in_flight,
             )
-        self._batch_reserve_supported = True
+        self._batch_retry_s = reserve_batch_retry_s
+        self._unary_reserves_until = 0.0  # monotonic time; set by an UNIMPLEMENTED answer
 
     async def reserve(self, request: billing_pb.ReserveRequest) -> billing_pb.ReserveResponse:
         """Hold the worst-case cost; QuotaExceeded over a hard budget."""
@@ -238,7 +245,7 @@ class BillingClient:
     ) -> list[ReserveResult]:
         """Reserve many requests in one call; per request its response or the domain error
         the unary call would have raised. A failure of the whole call is raised."""
-        if len(requests) == 1 or not self._batch_reserve_supported:
+        if len(requests) == 1 or time.monotonic() < self._unary_reserves_until:
             # One item, or an older billing: unary calls, each with its own outcome.
             return list(
                 await asyncio.gather(*(self._reserve_outcome(r, timeout_s) for r in requests))
@@ -248,8 +255,11 @@ class BillingClient:
             self._breaker, self.service, lambda: self._reserve_batch_call(request, timeout_s)
         )
         if response is None:  # UNIMPLEMENTED: this billing has no ReserveBatch
-            self._batch_reserve_supported = False
-            _log.warning("billing has no ReserveBatch: reserving with unary calls")
+            self._unary_reserves_until = time.monotonic() + self._batch_retry_s
+            _log.warning(
+                "billing has no ReserveBatch: reserving with unary calls",
+                retry_in_s=self._batch_retry_s,
+            )
             return await self.reserve_batch(requests, timeout_s)
         if len(response.results) != len(requests):  # a broken billing: treat it as down
             raise DependencyUnavailable(self.service)

@@ -30,18 +30,28 @@ TENANT = "acme"  # the key prefix keeps tests apart
 
 
 class CountingBilling(BillingClient):
-    """The real client with reserve batching on, recording the size of each batch it sends."""
+    """The real client with reserve batching on, recording the size of each batch it sends
+    and how many ReserveBatch calls it made."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, retry_s: float = 60.0) -> None:
         shape = BatchShape(max_items=64, wait_s=0.002, max_in_flight=1)
-        super().__init__(channel, timeout_s=2.0, breaker=None, reserve_batch=shape)
+        super().__init__(
+            channel, timeout_s=2.0, breaker=None, reserve_batch=shape, reserve_batch_retry_s=retry_s
+        )
         self.batches: list[int] = []
+        self.batch_calls = 0
 
     async def reserve_batch(
         self, requests: Sequence[billing_pb.ReserveRequest], timeout_s: float
     ) -> list[ReserveResult]:
         self.batches.append(len(requests))
         return await super().reserve_batch(requests, timeout_s)
+
+    async def _reserve_batch_call(
+        self, request: billing_pb.ReserveBatchRequest, timeout_s: float
+    ) -> billing_pb.ReserveBatchResponse | None:
+        self.batch_calls += 1
+        return await super()._reserve_batch_call(request, timeout_s)
 
 
 @pytest.fixture
@@ -57,14 +67,14 @@ def request(rid: str) -> billing_pb.ReserveRequest:
 
 @contextlib.asynccontextmanager
 async def billing_and_client(
-    redis_url: str, prefix: str, workdir: Path, *, older: bool = False
+    redis_url: str, prefix: str, workdir: Path, *, older: bool = False, retry_s: float = 60.0
 ) -> AsyncIterator[tuple[RunningServer, CountingBilling]]:
     """A billing service (`older`: without ReserveBatch) and a batching client of it."""
     async with (
         running_billing(redis_url, prefix, workdir, older=older) as billing,
         grpc.aio.insecure_channel(billing.target) as channel,
     ):
-        yield billing, CountingBilling(channel)
+        yield billing, CountingBilling(channel, retry_s)
 
 
 async def budget(channel: grpc.aio.Channel, limit: int = 0) -> billing_pb.Budget:
@@ -124,18 +134,24 @@ async def test_a_refused_item_alone_gets_quota_exceeded(
         assert (await budget(billing.channel)).reserved_micros == 11 * each
 
 
-async def test_an_older_billing_gets_unary_reserves(
+async def test_an_older_billing_gets_unary_reserves_then_is_asked_again(
     redis_url: str, prefix: str, tmp_path: Path
 ) -> None:
-    async with billing_and_client(redis_url, prefix, tmp_path, older=True) as (billing, client):
+    older = billing_and_client(redis_url, prefix, tmp_path, older=True, retry_s=0.5)
+    async with older as (billing, client):
         first = await outcomes(client, [f"a{i}" for i in range(20)])
         second = await outcomes(client, [f"b{i}" for i in range(20)])
+        assert client.batch_calls == 1  # answered UNIMPLEMENTED once, then unary calls only
+        await asyncio.sleep(0.6)
+        third = await outcomes(client, [f"c{i}" for i in range(20)])
+        assert client.batch_calls == 2  # asked again once the retry interval had passed
 
-        assert all(isinstance(r, billing_pb.ReserveResponse) for r in first + second)
-        assert not any(r.duplicate for r in first + second)  # type: ignore[union-attr]
+        replies = first + second + third
+        assert all(isinstance(r, billing_pb.ReserveResponse) for r in replies)
+        assert not any(r.duplicate for r in replies)  # type: ignore[union-attr]
         assert max(client.batches) > 1  # batches were formed and then sent as unary calls
         held = (await budget(billing.channel, 10**12)).reserved_micros
-        assert held == 40 * first[0].reserved_micros  # type: ignore[union-attr]
+        assert held == 60 * first[0].reserved_micros  # type: ignore[union-attr]
 
 
 async def test_an_unreachable_billing_fails_every_caller() -> None:
