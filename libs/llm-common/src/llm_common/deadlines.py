@@ -16,12 +16,12 @@ def deadline_after(timeout_s: float | None) -> float | None:
     return None if timeout_s is None else time.monotonic() + timeout_s
 
 
-def without_deadline() -> contextvars.Context:
-    """A copy of the current context with no deadline (its request id and trace kept): for
-    work that outlives the RPC or serves several RPCs at once."""
-    context = contextvars.copy_context()
-    context.run(deadline_var.set, None)
-    return context
+def without_deadline(context: contextvars.Context | None = None) -> contextvars.Context:
+    """A copy of `context` (default: the current one) with no deadline, its request id and
+    trace kept: for work that outlives the RPC or serves several RPCs at once."""
+    copy = context.copy() if context is not None else contextvars.copy_context()
+    copy.run(deadline_var.set, None)
+    return copy
 
 
 def time_left() -> float | None:

@@ -8,14 +8,22 @@ goes alone), and under load the calls in flight set the batch size; otherwise wh
 `max_items` are queued, when a batch in flight returns, or `wait_s` after its first item,
 whichever comes first. Each caller gets its own item's outcome (a response, or the
 ServiceError the unary call would have raised).
+
+A call runs in the context of its first caller (request id and trace, not its deadline: the
+call serves every caller, with its own timeout). A call shared by several callers has a span
+of its own, a child of the first caller's, with a link to each other caller's span: every
+request's trace can reach the call it rode in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+from opentelemetry import trace
 
 from llm_common.deadlines import without_deadline
 
@@ -38,6 +46,14 @@ class BatchShape:
     max_in_flight: int
 
 
+# A queued call, its caller's future and its caller's context.
+_Queued = tuple[Call, "asyncio.Future[Response]", contextvars.Context]
+
+
+def _current_span_context() -> trace.SpanContext:
+    return trace.get_current_span().get_span_context()
+
+
 class CallBatcher(Generic[Call, Response]):
     """Queues calls and sends them in batches through `send`.
 
@@ -53,6 +69,8 @@ class CallBatcher(Generic[Call, Response]):
         wait_s: float,
         timeout_s: float,
         max_in_flight: int = 0,
+        span_name: str = "router.batch",
+        tracer: trace.Tracer | None = None,
     ) -> None:
         if not 1 <= max_items <= MAX_BATCH_ITEMS:
             raise ValueError(f"max_items must be in 1..{MAX_BATCH_ITEMS}")
@@ -63,7 +81,9 @@ class CallBatcher(Generic[Call, Response]):
         self._wait_s = wait_s
         self._timeout_s = timeout_s
         self._max_in_flight = max_in_flight
-        self._queue: list[tuple[Call, asyncio.Future[Response]]] = []
+        self._span_name = span_name
+        self._tracer = tracer or trace.get_tracer(__name__)
+        self._queue: list[_Queued[Call, Response]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._in_flight: set[asyncio.Task[None]] = set()
         self.batches_sent = 0
@@ -76,7 +96,7 @@ class CallBatcher(Generic[Call, Response]):
         """Queue `call`; its response once its batch is answered, else its ServiceError."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Response] = loop.create_future()
-        self._queue.append((call, future))
+        self._queue.append((call, future, contextvars.copy_context()))
         if len(self._queue) >= self._max_items or self._room():
             self._send_queued()
         elif self._timer is None:
@@ -105,25 +125,38 @@ class CallBatcher(Generic[Call, Response]):
         if not self._queue:
             return
         batch, self._queue = self._queue, []
-        # Not under the deadline of whichever caller happens to send: the batch serves them
-        # all, with its own timeout (each caller still stops waiting at its own deadline).
-        task = asyncio.get_running_loop().create_task(self._send(batch), context=without_deadline())
+        # In the first caller's context, whoever sends it (a returning call or a timer runs in
+        # some other caller's), without its deadline: each caller stops waiting at its own.
+        context = without_deadline(batch[0][2])
+        task = asyncio.get_running_loop().create_task(self._send(batch), context=context)
         self._in_flight.add(task)
         task.add_done_callback(self._after)
 
-    async def _send(self, batch: list[tuple[Call, asyncio.Future[Response]]]) -> None:
+    async def _send(self, batch: list[_Queued[Call, Response]]) -> None:
         self.batches_sent += 1
         try:
-            results = await self._send_batch([c for c, _ in batch], self._timeout_s)
+            results = await self._call(batch)
         except Exception as exc:  # the whole call failed: each caller sees it as its own
-            for _, future in batch:
+            for _, future, _ in batch:
                 if not future.done():
                     future.set_exception(exc)
             return
-        for (_, future), result in zip(batch, results, strict=True):
+        for (_, future, _), result in zip(batch, results, strict=True):
             if future.done():  # its caller was cancelled
                 continue
             if isinstance(result, Exception):
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+    async def _call(self, batch: list[_Queued[Call, Response]]) -> Sequence[Response | Exception]:
+        calls = [c for c, _, _ in batch]
+        if len(batch) == 1:  # its caller's own trace holds the call
+            return await self._send_batch(calls, self._timeout_s)
+        others = (context.run(_current_span_context) for _, _, context in batch[1:])
+        links = [trace.Link(span) for span in others if span.is_valid]
+        attributes = {"batch.items": len(batch)}
+        with self._tracer.start_as_current_span(
+            self._span_name, links=links, attributes=attributes
+        ):
+            return await self._send_batch(calls, self._timeout_s)

@@ -223,6 +223,7 @@ class BillingClient:
                 wait_s=reserve_batch.wait_s,
                 timeout_s=timeout_s,
                 max_in_flight=reserve_batch.max_in_flight,
+                span_name="router.reserve_batch",
             )
         self._batch_retry_s = reserve_batch_retry_s
         self._unary_reserves_until = 0.0  # monotonic time; set by an UNIMPLEMENTED answer

@@ -10,10 +10,15 @@ import time
 from collections.abc import Sequence
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from llm_common.config import ConfigError
 from llm_common.deadlines import deadline_var, time_left
 from llm_common.errors import InvalidArgument, Unavailable
+from llm_common.logging import request_id_var
 from llm_router.clients import BillingCall, ItemResult, SettleBatcher
 from llm_router.config import Settings
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
@@ -28,6 +33,7 @@ class RecordingSender:
     def __init__(self) -> None:
         self.calls: list[list[str]] = []
         self.time_left: list[float | None] = []  # the deadline each call ran under
+        self.request_ids: list[str | None] = []  # the request id each call ran under (gated)
         self.down = False
 
     async def settle_batch(
@@ -113,6 +119,7 @@ class GatedSender(RecordingSender):
     ) -> list[ItemResult]:
         self.calls.append([c.request_id for c in calls])
         self.time_left.append(time_left())
+        self.request_ids.append(request_id_var.get())
         await self.open.wait()
         return [billing_pb.SettleResponse(request_id=c.request_id) for c in calls]
 
@@ -146,12 +153,13 @@ async def test_items_queued_behind_a_call_go_out_when_it_returns() -> None:
     assert sender.calls == [["r0"], ["r1", "r2", "r3"]]
 
 
-async def test_a_batch_runs_under_no_caller_s_deadline() -> None:
+async def test_a_batch_runs_in_its_first_caller_s_context_without_its_deadline() -> None:
     sender = GatedSender()
     batcher = one_slot(sender)
 
     async def caller(rid: str, seconds_left: float) -> object:
         deadline_var.set(time.monotonic() + seconds_left)  # this task's own RPC deadline
+        request_id_var.set(rid)
         return await batcher.submit(settle(rid))
 
     first = asyncio.ensure_future(caller("r0", 0.005))
@@ -164,6 +172,39 @@ async def test_a_batch_runs_under_no_caller_s_deadline() -> None:
     await asyncio.wait_for(asyncio.gather(first, *rest), timeout=5)
     assert sender.calls == [["r0"], ["r1", "r2"]]
     assert sender.time_left == [None, None]  # the batch call keeps its own timeout
+    # Sent when r0's call returned, yet in the context of its own first caller.
+    assert sender.request_ids == ["r0", "r1"]
+
+
+async def test_a_shared_call_has_a_span_linked_to_each_caller() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    sender = GatedSender()
+    batcher = SettleBatcher(
+        sender.settle_batch, max_items=64, wait_s=60.0, timeout_s=1.0, max_in_flight=1,
+        span_name="router.settle_batch", tracer=tracer,
+    )  # fmt: skip
+
+    async def caller(rid: str) -> trace.SpanContext:
+        with tracer.start_as_current_span(f"request {rid}") as span:
+            await batcher.submit(settle(rid))
+            return span.get_span_context()
+
+    first = asyncio.ensure_future(caller("r0"))
+    await asyncio.sleep(0.01)
+    rest = [asyncio.ensure_future(caller(r)) for r in ("r1", "r2")]
+    await asyncio.sleep(0.01)
+    sender.open.set()
+    contexts = await asyncio.wait_for(asyncio.gather(first, *rest), timeout=5)
+
+    (shared,) = [s for s in exporter.get_finished_spans() if s.name == "router.settle_batch"]
+    assert sender.calls == [["r0"], ["r1", "r2"]]  # r0 went alone: no span of its own
+    assert shared.parent is not None
+    assert shared.parent.span_id == contexts[1].span_id  # in the trace of its first caller
+    assert [link.context.span_id for link in shared.links] == [contexts[2].span_id]
+    assert shared.attributes == {"batch.items": 2}
 
 
 async def test_the_wait_still_caps_a_queue_behind_a_slow_call() -> None:
