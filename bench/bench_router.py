@@ -283,8 +283,8 @@ def _dep_spec(name: str, config: dict[str, Any]) -> tuple[Any, Any, Any]:
     server = ServerSettings(service_name=name, grpc_port=config[name], metrics_port=None)
     if name == "tokenizer":
         from llm_common.models_config import load_catalog
+        from llm_common.tokenization.registry import load_registry
         from llm_tokenizer.config import Limits
-        from llm_tokenizer.registry import load_registry
         from llm_tokenizer.server import build_spec as tokenizer_spec
 
         catalog = load_catalog(Path(config["models"]), Path(config["work"]))

@@ -1,4 +1,5 @@
-"""Test helpers: an in-process server on a free port, free ports, and a real Redis for tests."""
+"""Test helpers: an in-process server on a free port, free ports, a real Redis for tests, and
+a tiny tokenizer checkpoint."""
 
 from __future__ import annotations
 
@@ -325,3 +326,44 @@ def train_tiny_tokenizer() -> Tokenizer:
         single=f"{TINY_BOS} $A", special_tokens=[(TINY_BOS, tok.token_to_id(TINY_BOS))]
     )
     return tok
+
+
+# A chat template that shows the special tokens and every flag in its output.
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+
+
+def write_tiny_checkpoint(
+    directory: Path,
+    tokenizer: Tokenizer,
+    *,
+    template: str | None = TINY_CHAT_TEMPLATE,
+    **config: object,
+) -> Path:
+    """`directory` made a tokenizer-only checkpoint: tokenizer.json and a tokenizer_config.json
+    naming the TINY_* special tokens, `template` (None: no template) and `config` on top."""
+    directory.mkdir()
+    tokenizer.save(str(directory / "tokenizer.json"))
+    data: dict[str, object] = {"bos_token": TINY_BOS, "eos_token": TINY_EOS, "pad_token": TINY_PAD}
+    if template is not None:
+        data["chat_template"] = template
+    data.update(config)
+    (directory / "tokenizer_config.json").write_text(json.dumps(data), encoding="utf-8")
+    return directory
+
+
+def write_models_yaml(path: Path, entries: Mapping[str, Path], context_length: int = 2048) -> Path:
+    """A models.yaml with one generation model per entry (name -> checkpoint dir), each
+    aliased `<name>-alias`."""
+    lines = ["models:"]
+    for name, checkpoint in entries.items():
+        lines += [
+            f"  - name: {name}",
+            f"    aliases: [{name}-alias]",
+            f"    checkpoint: {checkpoint}",
+            f"    context_length: {context_length}",
+        ]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

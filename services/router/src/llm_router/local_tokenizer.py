@@ -2,10 +2,11 @@
 
 The tokenizer service is a round trip on every request's critical path, before anything else
 can start (admission, cache lookup and generation all need the exact prompt tokens). With
-ROUTER_TOKENIZE=auto or local the router runs the tokenizer service's own code on the model's
-files (llm_tokenizer: the same tokenizer.json, chat template and special-token handling), so
-the ids are the ones the service would return; models whose files it cannot read keep using
-the service. Front ends of engines such as TGI and vLLM tokenize in-process for this reason.
+ROUTER_TOKENIZE=auto or local the router runs the shared tokenization library the service
+itself runs on the model's files (llm_common.tokenization: the same tokenizer.json, chat
+template and special-token handling), so the ids are the ones the service would return; models
+whose files it cannot read keep using the service. Front ends of engines such as TGI and vLLM
+tokenize in-process for this reason.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from dataclasses import dataclass
 
 from llm_common.logging import get_logger
 from llm_common.models_config import ModelCatalog
-from llm_tokenizer import validation
-from llm_tokenizer.config import Limits
-from llm_tokenizer.offload import render_chat, run_sized
-from llm_tokenizer.registry import ModelLoadError, TokenizerModel, load_model
+from llm_common.tokenization.messages import (
+    DEFAULT_MAX_MESSAGES,
+    DEFAULT_MAX_TEXT_BYTES,
+    check_messages,
+)
+from llm_common.tokenization.offload import render_chat, run_sized
+from llm_common.tokenization.registry import ModelLoadError, TokenizerModel, load_model
+from llm_common.validation import Violations
 from llmapi.common.v1 import common_pb2
 
 _log = get_logger(__name__)
-# The service's own limits: the router's validation is stricter, these only keep parity.
-_LIMITS = Limits()
 
 
 class TokenizeMode(enum.StrEnum):
@@ -50,8 +53,16 @@ class LocalTokenizer:
         self, model: str, messages: Sequence[common_pb2.ChatMessage]
     ) -> list[int]:
         """As the service's ApplyChatTemplate with add_generation_prompt, same errors."""
-        v = validation.start(model)
-        converted = validation.check_messages(v, "messages", messages, _LIMITS)
+        v = Violations()
+        v.require(bool(model), "model", "is required")
+        # The service's default limits: the router's validation is stricter, these keep parity.
+        converted = check_messages(
+            v,
+            "messages",
+            messages,
+            max_messages=DEFAULT_MAX_MESSAGES,
+            max_text_bytes=DEFAULT_MAX_TEXT_BYTES,
+        )
         v.raise_if_any()
         rendered = await render_chat(self.models[model], converted, add_generation_prompt=True)
         return rendered.token_ids

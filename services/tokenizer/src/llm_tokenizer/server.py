@@ -10,8 +10,8 @@ import grpc
 from llm_common import server as common_server
 from llm_common.models_config import load_catalog
 from llm_common.server import BuiltServer, ServiceSpec
+from llm_common.tokenization.registry import Registry, load_registry
 from llm_tokenizer.config import Limits, Settings
-from llm_tokenizer.registry import Registry, load_registry
 from llm_tokenizer.service import TokenizerServicer
 from llmapi.tokenizer.v1 import tokenizer_service_pb2 as pb
 from llmapi.tokenizer.v1 import tokenizer_service_pb2_grpc as pb_grpc

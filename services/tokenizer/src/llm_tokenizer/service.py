@@ -8,11 +8,11 @@ from typing import Any
 import grpc
 
 from llm_common.errors import NotFound
+from llm_common.tokenization.offload import render_chat, run_sized
+from llm_common.tokenization.registry import Registry, SpecialToken, TokenizerModel
 from llm_common.validation import Violations
 from llm_tokenizer import validation
 from llm_tokenizer.config import Limits
-from llm_tokenizer.offload import render_chat, run_sized
-from llm_tokenizer.registry import Registry, SpecialToken, TokenizerModel
 from llmapi.tokenizer.v1 import tokenizer_service_pb2 as pb
 from llmapi.tokenizer.v1 import tokenizer_service_pb2_grpc as pb_grpc
 

@@ -4,18 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from llm_common.tokenization import messages
+from llm_common.tokenization.chat_template import ChatMessage
 from llm_common.validation import Violations
-from llm_tokenizer.chat_template import ChatMessage
 from llm_tokenizer.config import Limits
 from llmapi.common.v1 import common_pb2
-
-ROLE_NAMES = {
-    common_pb2.ROLE_SYSTEM: "system",
-    common_pb2.ROLE_USER: "user",
-    common_pb2.ROLE_ASSISTANT: "assistant",
-    common_pb2.ROLE_TOOL: "tool",
-}
-_ROLE_CHOICES = ", ".join(common_pb2.Role.Name(role) for role in ROLE_NAMES)
 
 
 def start(model: str) -> Violations:
@@ -79,30 +72,12 @@ def check_ids(
 
 
 def check_messages(
-    v: Violations, field: str, messages: Sequence[common_pb2.ChatMessage], limits: Limits
+    v: Violations, field: str, chat: Sequence[common_pb2.ChatMessage], limits: Limits
 ) -> list[ChatMessage]:
-    """1..max_messages with known roles and at most max_text_bytes of content in total."""
-    if not messages:
-        v.add(field, "must not be empty")
-        return []
-    if len(messages) > limits.max_messages:
-        v.add(field, f"at most {limits.max_messages} messages")
-        return []
-    converted = [_message(v, f"{field}[{i}]", m) for i, m in enumerate(messages)]
-    size = sum(len(m.content.encode("utf-8")) + len(m.name.encode("utf-8")) for m in converted)
-    v.require(
-        size <= limits.max_text_bytes,
-        field,
-        f"content and names must total at most {limits.max_text_bytes} bytes of UTF-8",
+    """llm_common.tokenization.messages.check_messages under this service's limits."""
+    return messages.check_messages(
+        v, field, chat, max_messages=limits.max_messages, max_text_bytes=limits.max_text_bytes
     )
-    return converted
-
-
-def _message(v: Violations, field: str, message: common_pb2.ChatMessage) -> ChatMessage:
-    role = ROLE_NAMES.get(message.role)
-    if role is None:
-        v.add(f"{field}.role", f"must be one of {_ROLE_CHOICES}")
-    return ChatMessage(role=role or "", content=message.content, name=message.name)
 
 
 def check_one_of(v: Violations, texts: int, messages: int) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from llm_common.config import ConfigError
+from llm_common.tokenization import messages
 from llm_tokenizer.config import Limits, Settings
 
 
@@ -18,6 +19,12 @@ def test_defaults() -> None:
     assert settings.models_config == Path("infra/config/models.yaml")
     assert settings.model_root == Path(".cache/models")
     assert settings.limits == Limits(1024, 1 << 20, 1 << 20, 1024)
+
+
+def test_message_limit_defaults_match_the_shared_ones() -> None:
+    # The router checks messages in-process with the shared defaults: same answers as ours.
+    assert Limits().max_messages == messages.DEFAULT_MAX_MESSAGES
+    assert Limits().max_text_bytes == messages.DEFAULT_MAX_TEXT_BYTES
 
 
 def test_overrides() -> None:

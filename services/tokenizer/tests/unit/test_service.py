@@ -9,10 +9,10 @@ import pytest
 
 from llm_common.errors import InvalidArgument, NotFound
 from llm_common.models_config import ModelCatalog
-from llm_tokenizer import offload
+from llm_common.tokenization import offload
+from llm_common.tokenization.offload import INLINE_MAX_CHARS
+from llm_common.tokenization.registry import load_registry
 from llm_tokenizer.config import Limits
-from llm_tokenizer.offload import INLINE_MAX_CHARS
-from llm_tokenizer.registry import load_registry
 from llm_tokenizer.service import TokenizerServicer
 from llmapi.common.v1 import common_pb2
 from llmapi.tokenizer.v1 import tokenizer_service_pb2 as pb

@@ -65,35 +65,15 @@ def test_sequences_and_ids() -> None:
     ]
 
 
-def message(role: int, content: str = "hi", name: str = "") -> common_pb2.ChatMessage:
-    return common_pb2.ChatMessage(role=role, content=content, name=name)  # type: ignore[arg-type]
-
-
-def test_messages_roles_and_conversion() -> None:
+def test_messages_under_the_service_limits() -> None:
+    # The checks themselves are llm_common.tokenization.messages' (tested there).
     v = Violations()
-    converted = validation.check_messages(
-        v, "messages", [message(common_pb2.ROLE_SYSTEM, name="n"), message(0)], LIMITS
-    )
-    assert violations(v) == [
-        ("messages[1].role", "must be one of ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL")
-    ]
-    assert converted[0].role == "system"
-    assert converted[0].name == "n"
+    chat = [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content="12345")] * 2
+    validation.check_messages(v, "messages", chat, LIMITS)
+    assert violations(v) == [("messages", "content and names must total at most 8 bytes of UTF-8")]
     v = Violations()
-    validation.check_messages(v, "messages", [message(99)], LIMITS)
-    assert [f for f, _ in violations(v)] == ["messages[0].role"]
-
-
-def test_messages_limits() -> None:
-    v = Violations()
-    validation.check_messages(v, "messages", [], LIMITS)
-    assert violations(v) == [("messages", "must not be empty")]
-    v = Violations()
-    validation.check_messages(v, "messages", [message(2)] * 3, LIMITS)
+    validation.check_messages(v, "messages", chat * 2, LIMITS)
     assert violations(v) == [("messages", "at most 2 messages")]
-    v = Violations()
-    validation.check_messages(v, "messages", [message(2, "12345"), message(3, "1234")], LIMITS)
-    assert [f for f, _ in violations(v)] == ["messages"]
 
 
 @pytest.mark.parametrize(

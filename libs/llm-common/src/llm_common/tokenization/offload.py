@@ -1,4 +1,4 @@
-"""Tokenizer work sized for an event loop, shared by the service and in-process callers.
+"""Tokenizer work sized for an event loop, for any async caller of a TokenizerModel.
 
 Inputs up to INLINE_MAX_CHARS characters are tokenized on the event loop: the work (~0.15 ms)
 costs about as much as the hop to a worker thread. Larger inputs go to a thread; the Rust
@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 from llm_common.errors import FieldViolation, InvalidArgument
-from llm_tokenizer.chat_template import ChatMessage, ChatTemplateError
-from llm_tokenizer.registry import RenderedChat, TokenizerModel
+from llm_common.tokenization.chat_template import ChatMessage, ChatTemplateError
+from llm_common.tokenization.registry import RenderedChat, TokenizerModel
 
 P = ParamSpec("P")
 R = TypeVar("R")

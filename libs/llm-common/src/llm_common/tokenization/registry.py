@@ -1,4 +1,4 @@
-"""Every model's tokenizer, loaded once at start-up from its Hugging Face checkpoint directory."""
+"""Every model's tokenizer, loaded once (blocking file reads) from its Hugging Face checkpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from llm_common.config import ConfigError
 from llm_common.models_config import ModelCatalog, ModelSpec
-from llm_tokenizer.chat_template import ChatMessage, ChatTemplate
+from llm_common.tokenization.chat_template import ChatMessage, ChatTemplate
 
 log = logging.getLogger(__name__)
 

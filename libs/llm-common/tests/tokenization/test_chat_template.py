@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_tokenizer.chat_template import (
+from llm_common.tokenization.chat_template import (
     DEFAULT_CHAT_TEMPLATE,
     ChatMessage,
     ChatTemplate,

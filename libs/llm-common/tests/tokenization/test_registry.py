@@ -10,8 +10,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_common.models_config import ModelCatalog, ModelSpec, load_catalog
-from llm_tokenizer.chat_template import ChatMessage
-from llm_tokenizer.registry import ModelLoadError, SpecialToken, load_model, load_registry
+from llm_common.tokenization.chat_template import ChatMessage
+from llm_common.tokenization.registry import ModelLoadError, SpecialToken, load_model, load_registry
 
 # The tiny checkpoint of conftest.py: these special tokens get ids 0, 1, 2.
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"

@@ -1,0 +1,1 @@
+"""Hugging Face tokenizers and chat templates for models.yaml models (the `tokenization` extra)."""
