@@ -9,10 +9,12 @@ No Envoy.
 1. Overhead, concurrency 1: the same chat requests (greedy, 4 tokens) through the router's Chat
    (tokenize, token quota, budget reserve, route, generate, guard, settle) and directly to the
    replica's Generate with the pre-tokenized prompt; interleaved, prefix caching off. The router
-   as configured by default (the goal's verdict), and two variants in the same run: admission
-   before the cache lookup and generation instead of alongside them, and tokenization
-   in-process (ROUTER_TOKENIZE=auto) instead of through the tokenizer service. Beside them, the
-   router's call pattern with no logic at all (grpc_skeleton.py): grpc-python's own floor.
+   as configured by default (the goal's verdict: ROUTER_TOKENIZE=speculate), and three variants
+   in the same run: admission before the cache lookup and generation instead of alongside them;
+   waiting for the tokenizer service before anything starts (ROUTER_TOKENIZE=service, the
+   default before speculation); and tokenization in-process only (ROUTER_TOKENIZE=auto).
+   Beside them, the router's call pattern with no logic at all (grpc_skeleton.py):
+   grpc-python's own floor.
 2. Shared prefixes on 2 replicas: 8 long system prompts, each asked 6 questions in shuffled
    order by 2 concurrent clients; KV memory per replica holds about half the prefixes. Mean
    time to first token with the router's expected-wait + prefix-affinity selection vs its
@@ -703,6 +705,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         targets,
                         "expected_wait",
                         ROUTER_OVERLAP_ADMISSION="false",
+                    ),
+                    "router_tokenize_service": _router(
+                        logdir,
+                        work,
+                        "router-tokenize-service",
+                        deps,
+                        targets,
+                        "expected_wait",
+                        ROUTER_TOKENIZE="service",
                     ),
                     "router_tokenize_in_process": _router(
                         logdir,

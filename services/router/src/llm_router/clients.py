@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -17,6 +18,7 @@ from llm_common.errors import (
     NotFound,
     PermissionDenied,
     QuotaExceeded,
+    ServiceError,
 )
 from llm_common.logging import get_logger
 from llm_common.resilience import AsyncBreaker, BreakerOpen
@@ -74,12 +76,22 @@ def new_breaker(name: str, *, fail_max: int, reset_s: float) -> AsyncBreaker:
     return AsyncBreaker(name, fail_max=fail_max, reset_timeout_s=reset_s, exclude=BUSINESS_ERRORS)
 
 
+@dataclass(frozen=True, slots=True)
+class PromptIds:
+    """A prompt's token ids. With `confirm` set they are the router's own, computed in-process
+    to start work early; `confirm` resolves to the tokenizer service's, which are the answer."""
+
+    ids: list[int]
+    confirm: asyncio.Future[list[int]] | None = None
+
+
 class TokenizerClient:
     """llmapi.tokenizer.v1: the exact prompt tokens. No breaker: without it nothing is admitted.
 
     Models that `local` serves are tokenized in-process (see local_tokenizer), the rest by the
-    service. With a memo, an identical prompt from the same tenant is answered from it (see
-    TokenMemo).
+    service. Models that `speculative` serves are tokenized both ways at once (`*_ids`): the
+    in-process ids come back at once, the service's as their confirmation. With a memo, an
+    identical prompt from the same tenant is answered from it (see TokenMemo).
     """
 
     service = "tokenizer"
@@ -91,21 +103,57 @@ class TokenizerClient:
         memo: TokenMemo | None = None,
         memo_counter: Counter | None = None,
         local: LocalTokenizer | None = None,
+        speculative: LocalTokenizer | None = None,
     ) -> None:
         self._stub = tok_grpc.TokenizerServiceStub(channel)
         self._timeout_s = timeout_s
         self._memo = memo
         self._memo_counter = memo_counter
         self._local = local
+        self._speculative = speculative
+        # Models whose in-process ids the service once contradicted: their files differ from
+        # the service's (a skewed rollout), so speculating would only waste replica work.
+        self._distrusted: set[str] = set()
 
     async def chat_prompt(
         self, model: str, messages: Sequence[common_pb2.ChatMessage], *, tenant: str = ""
     ) -> list[int]:
         """Token ids of the templated conversation, ending with the assistant's turn marker."""
+        fetch = self._chat_fetch(model, messages, self._local)
+        return await self._memoized(memo_key(_chat_parts(tenant, model, messages)), fetch)
 
+    async def chat_prompt_ids(
+        self, model: str, messages: Sequence[common_pb2.ChatMessage], *, tenant: str = ""
+    ) -> PromptIds:
+        """As chat_prompt; speculative for the models `speculative` serves."""
+        if self._speculative is None or not self._speculates(model):
+            return PromptIds(await self.chat_prompt(model, messages, tenant=tenant))
+        key = memo_key(_chat_parts(tenant, model, messages))
+        guess = self._speculative.chat_prompt(model, messages)
+        return await self._speculate(model, key, self._chat_fetch(model, messages, None), guess)
+
+    async def encode(self, model: str, text: str, *, tenant: str = "") -> list[int]:
+        """Token ids of a raw prompt, with the tokenizer's special tokens (BOS)."""
+        fetch = self._encode_fetch(model, text, self._local)
+        return await self._memoized(memo_key(_text_parts(tenant, model, text)), fetch)
+
+    async def encode_ids(self, model: str, text: str, *, tenant: str = "") -> PromptIds:
+        """As encode; speculative for the models `speculative` serves."""
+        if self._speculative is None or not self._speculates(model):
+            return PromptIds(await self.encode(model, text, tenant=tenant))
+        key = memo_key(_text_parts(tenant, model, text))
+        guess = self._speculative.encode(model, text)
+        return await self._speculate(model, key, self._encode_fetch(model, text, None), guess)
+
+    def _chat_fetch(
+        self,
+        model: str,
+        messages: Sequence[common_pb2.ChatMessage],
+        local: LocalTokenizer | None,
+    ) -> Callable[[], Awaitable[list[int]]]:
         async def fetch() -> list[int]:
-            if self._local is not None and self._local.serves(model):
-                return await self._local.chat_prompt(model, messages)
+            if local is not None and local.serves(model):
+                return await local.chat_prompt(model, messages)
             request = tok_pb.ApplyChatTemplateRequest(
                 model=model, messages=messages, add_generation_prompt=True
             )
@@ -115,37 +163,102 @@ class TokenizerClient:
             )
             return list(response.token_ids)
 
-        parts = (m.SerializeToString(deterministic=True) for m in messages)
-        return await self._memoized((b"chat", tenant.encode(), model.encode(), *parts), fetch)
+        return fetch
 
-    async def encode(self, model: str, text: str, *, tenant: str = "") -> list[int]:
-        """Token ids of a raw prompt, with the tokenizer's special tokens (BOS)."""
-
+    def _encode_fetch(
+        self, model: str, text: str, local: LocalTokenizer | None
+    ) -> Callable[[], Awaitable[list[int]]]:
         async def fetch() -> list[int]:
-            if self._local is not None and self._local.serves(model):
-                return await self._local.encode(model, text)
+            if local is not None and local.serves(model):
+                return await local.encode(model, text)
             request = tok_pb.EncodeRequest(model=model, texts=[text], add_special_tokens=True)
             response = await _call(
                 self.service, lambda: self._stub.Encode(request, timeout=self._timeout_s)
             )
             return list(response.encodings[0].ids)
 
-        parts = (b"text", tenant.encode(), model.encode(), text.encode("utf-8", "surrogatepass"))
-        return await self._memoized(parts, fetch)
+        return fetch
 
-    async def _memoized(
-        self, parts: Iterable[bytes], fetch: Callable[[], Awaitable[list[int]]]
-    ) -> list[int]:
+    def _speculates(self, model: str) -> bool:
+        assert self._speculative is not None
+        return self._speculative.serves(model) and model not in self._distrusted
+
+    async def _speculate(
+        self,
+        model: str,
+        key: bytes,
+        fetch: Callable[[], Awaitable[list[int]]],
+        guess: Coroutine[Any, Any, list[int]],
+    ) -> PromptIds:
+        remembered = self._recall(key)
+        if remembered is not None:  # the service's own ids, from the memo
+            guess.close()
+            return PromptIds(remembered)
+        confirm = asyncio.ensure_future(self._fetch_into_memo(key, fetch))
+        confirm.add_done_callback(_retrieve)
+        try:
+            ids = await guess
+        except ServiceError:
+            return PromptIds(await confirm)  # the service's answer decides, error or ids
+        except Exception:
+            _log.warning("in-process tokenization failed, waiting for the service", exc_info=True)
+            return PromptIds(await confirm)
+        except BaseException:
+            confirm.cancel()
+            raise
+        confirm.add_done_callback(lambda done: self._judge(model, ids, done))
+        return PromptIds(ids, confirm)
+
+    def _judge(self, model: str, guess: list[int], confirm: asyncio.Future[list[int]]) -> None:
+        if confirm.cancelled() or confirm.exception() is not None or confirm.result() == guess:
+            return
+        if model not in self._distrusted:
+            self._distrusted.add(model)
+            _log.warning(
+                "the tokenizer service's prompt tokens differ from the router's own: its"
+                " tokenizer files differ; no more speculation for this model until restart",
+                model=model,
+            )
+
+    async def _memoized(self, key: bytes, fetch: Callable[[], Awaitable[list[int]]]) -> list[int]:
+        ids = self._recall(key)
+        if ids is None:
+            ids = await self._fetch_into_memo(key, fetch)
+        return ids
+
+    def _recall(self, key: bytes) -> list[int] | None:
         if self._memo is None:
-            return await fetch()
-        key = memo_key(parts)
+            return None
         ids = self._memo.get(key)
         if self._memo_counter is not None:
             self._memo_counter.labels("miss" if ids is None else "hit").inc()
-        if ids is None:
-            ids = await fetch()
+        return ids
+
+    async def _fetch_into_memo(
+        self, key: bytes, fetch: Callable[[], Awaitable[list[int]]]
+    ) -> list[int]:
+        ids = await fetch()
+        if self._memo is not None:
             self._memo.put(key, ids)
         return ids
+
+
+def _chat_parts(
+    tenant: str, model: str, messages: Sequence[common_pb2.ChatMessage]
+) -> Iterable[bytes]:
+    yield from (b"chat", tenant.encode(), model.encode())
+    yield from (m.SerializeToString(deterministic=True) for m in messages)
+
+
+def _text_parts(tenant: str, model: str, text: str) -> Iterable[bytes]:
+    return (b"text", tenant.encode(), model.encode(), text.encode("utf-8", "surrogatepass"))
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    # A confirmation nobody awaits any more (its request failed first) must not be reported
+    # as a lost exception.
+    if not future.cancelled():
+        future.exception()
 
 
 class QuotaClient:

@@ -304,14 +304,14 @@ class Settings:
     http_host: str = "127.0.0.1"
     http_port: int | None = None
     token_memo: MemoSettings = field(default_factory=MemoSettings)
-    tokenize: TokenizeMode = TokenizeMode.SERVICE
+    tokenize: TokenizeMode = TokenizeMode.SPECULATE
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         """Read GRPC_PORT, METRICS_PORT, ... (see ServerSettings), MODELS_CONFIG, MODEL_ROOT,
         ROUTER_POLICIES, ROUTER_OUTBOX_DIR, ROUTER_HTTP_HOST, ROUTER_HTTP_PORT (default off),
         ROUTER_TOKEN_MEMO_TOKENS / _TTL_S (the tokenization memo; 0 tokens = off),
-        ROUTER_TOKENIZE (auto | local | service: see local_tokenizer),
+        ROUTER_TOKENIZE (speculate | service | auto | local: see local_tokenizer),
         the *_SERVICE_ADDR variables and ROUTER_*;
         ConfigError names the offending variable."""
         server = ServerSettings.from_env(
@@ -337,7 +337,7 @@ class Settings:
 
 
 def _tokenize_mode(environ: Mapping[str, str]) -> TokenizeMode:
-    value = env_str(environ, "ROUTER_TOKENIZE", TokenizeMode.SERVICE.value).lower()
+    value = env_str(environ, "ROUTER_TOKENIZE", TokenizeMode.SPECULATE.value).lower()
     try:
         return TokenizeMode(value)
     except ValueError:

@@ -1,12 +1,15 @@
-"""Tokenization inside the router, for deployments that ship the tokenizer files with it.
+"""Tokenization inside the router, where the tokenizer files ship with it.
 
 The tokenizer service is a round trip on every request's critical path, before anything else
 can start (admission, cache lookup and generation all need the exact prompt tokens). With
-ROUTER_TOKENIZE=auto or local the router runs the shared tokenization library the service
-itself runs on the model's files (llm_common.tokenization: the same tokenizer.json, chat
-template and special-token handling), so the ids are the ones the service would return; models
-whose files it cannot read keep using the service. Front ends of engines such as TGI and vLLM
-tokenize in-process for this reason.
+ROUTER_TOKENIZE=speculate (the default) the router's own ids start that work while the
+service's, which decide, are on their way (see TokenizerClient.chat_prompt_ids); with
+ROUTER_TOKENIZE=auto or local the router's ids replace the service's. Either way it runs the
+shared tokenization library the service itself runs on the model's files
+(llm_common.tokenization: the same tokenizer.json, chat template and special-token handling),
+so the ids are the ones the service would return; models whose files it cannot read keep
+using the service. Front ends of engines such as TGI and vLLM tokenize in-process for this
+reason.
 """
 
 from __future__ import annotations
@@ -32,10 +35,15 @@ _log = get_logger(__name__)
 
 class TokenizeMode(enum.StrEnum):
     """Where prompts are tokenized (ROUTER_TOKENIZE). The shared design has the router call
-    the tokenizer service, and that stays the default; in-process is for deployments that
-    ship the tokenizer files with the router."""
+    the tokenizer service for the exact count; `speculate` still does, but starts work on its
+    own ids meanwhile. auto and local are for deployments that ship the tokenizer files with
+    the router and trust them instead."""
 
     SERVICE = "service"  # always the tokenizer service
+    # In-process ids start routing, the cache lookup and the replica's prefill; the service's
+    # ids are awaited before admission and must match (else the work restarts on them).
+    # Models whose files do not load here just wait for the service.
+    SPECULATE = "speculate"
     AUTO = "auto"  # in-process for every model whose files load, the service for the rest
     LOCAL = "local"  # in-process for every model; start-up fails otherwise
 
@@ -90,5 +98,5 @@ def load_local(catalog: ModelCatalog, mode: TokenizeMode) -> LocalTokenizer | No
             # Expected where the router has no model files (a container without them).
             _log.info("tokenizing through the service", model=spec.name, reason=str(exc))
     if models:
-        _log.info("tokenizing in-process", models=sorted(models))
+        _log.info("tokenizing in-process", mode=mode.value, models=sorted(models))
     return LocalTokenizer(models)

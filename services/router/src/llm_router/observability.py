@@ -99,7 +99,7 @@ class RouterMetrics:
         self.abandoned = Counter(
             "llm_router_abandoned_generations",
             "Generations started alongside admission or a slow cache lookup and then cancelled,"
-            " by reason (refused, cache_hit, failed, cancelled).",
+            " by reason (refused, cache_hit, failed, cancelled, unconfirmed).",
             ["reason"],
             registry=registry,
         )
@@ -107,6 +107,13 @@ class RouterMetrics:
             "llm_router_token_memo_lookups",
             "Prompt tokenizations answered from the router's memo (hit) or the tokenizer (miss).",
             ["result"],
+            registry=registry,
+        )
+        self.speculated = Counter(
+            "llm_router_tokenize_speculations",
+            "Prompts tokenized in-process ahead of the tokenizer service, by the service's"
+            " verdict (confirmed; mismatch: work restarted on the service's ids).",
+            ["outcome"],
             registry=registry,
         )
         self.finished = Counter(

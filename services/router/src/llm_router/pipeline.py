@@ -13,7 +13,7 @@ from llm_common.models_config import Deployment, ModelSpec
 from llm_router import input_guard
 from llm_router.admission import NOTHING, Admitter, billing_id
 from llm_router.background import Background
-from llm_router.clients import CacheClient, TokenizerClient
+from llm_router.clients import CacheClient, PromptIds, TokenizerClient
 from llm_router.dispatch import Dispatcher, Started
 from llm_router.generation import CachedSource, Generation, LiveSource, RequestInfo
 from llm_router.identity import SCOPE_COMPLETION, Caller
@@ -39,6 +39,17 @@ class Prepared:
     sampling: common_pb2.SamplingParams  # max_tokens always set
     deployments: list[Deployment]
     request: GenerationRequest  # after the input guard
+    # Pending while `prompt` is the router's own tokenization: the tokenizer service's ids,
+    # which must equal it before anything is admitted (see TokenizerClient.chat_prompt_ids).
+    confirm: asyncio.Future[list[int]] | None = None
+
+
+class _UnconfirmedError(Exception):
+    """The tokenizer service's ids differ from the router's own: start over on the service's."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__("prompt tokens unconfirmed")
+        self.ids = ids
 
 
 class Pipeline:
@@ -86,6 +97,30 @@ class Pipeline:
         policy = self._policies.for_tenant(caller.tenant_id)
         request = self._screen(request, policy)
         prepared = await self._prepare(request, caller, policy)
+        overlap = self._overlap and not self._admitter.refusals.recent(caller)
+        if not overlap:
+            prepared = await self._confirmed(prepared, caller)
+        try:
+            return await self._start(
+                prepared, caller, policy, overlap, (request_id, stream, started)
+            )
+        except _UnconfirmedError as unconfirmed:
+            # Rare (a tokenizer deployed apart from the router's copy): nothing was admitted
+            # or sent; the replica's work on the router's ids was cancelled.
+            prepared = self._rebind(prepared, unconfirmed.ids, caller)
+            return await self._start(
+                prepared, caller, policy, overlap, (request_id, stream, started)
+            )
+
+    async def _start(
+        self,
+        prepared: Prepared,
+        caller: Caller,
+        policy: TenantPolicy,
+        overlap: bool,
+        call: tuple[str, bool, float],
+    ) -> Generation:
+        request_id, stream, started = call
         info = RequestInfo(
             request_id=request_id,
             caller=caller,
@@ -97,7 +132,7 @@ class Pipeline:
             started=started,
         )
         key = self._cache_key(prepared, caller)
-        if self._overlap and not self._admitter.refusals.recent(caller):
+        if overlap:
             return await self._open_overlapped(prepared, policy, info, key)
         admission = await self._admit(prepared, caller, policy)
         try:
@@ -141,7 +176,7 @@ class Pipeline:
         except BaseException as error:
             admit.cancel()  # the admitter gives back whatever it still gets granted
             lookup.cancel()
-            self._abandon(dispatch, "refused" if isinstance(error, ServiceError) else "cancelled")
+            self._abandon(dispatch, _abandon_reason(error))
             raise
         try:
             if hit is not None:
@@ -194,15 +229,48 @@ class Pipeline:
                 return await self._prepare_auto(request, caller, allowed)
             spec = self._router.resolve(request.model, GENERATION)
             caller.require_model(spec, allowed)
-            prompt = await self._tokenize(spec, request, caller)
-        max_tokens = check_max_tokens(
+            prompt = await self._tokenize_ids(spec, request, caller)
+        if prompt.confirm is not None:
+            try:
+                return self._bind(
+                    spec,
+                    prompt.ids,
+                    self._fit(spec, prompt.ids, request),
+                    request,
+                    caller,
+                    prompt.confirm,
+                )
+            except InvalidArgument:
+                # Judged on the router's own ids: the service's decide.
+                ids = await prompt.confirm
+                return self._bind(spec, ids, self._fit(spec, ids, request), request, caller)
+        return self._bind(spec, prompt.ids, self._fit(spec, prompt.ids, request), request, caller)
+
+    @staticmethod
+    def _fit(spec: ModelSpec, prompt: list[int], request: GenerationRequest) -> int:
+        """The effective max_tokens; INVALID_ARGUMENT when prompt + max_tokens overflow."""
+        return check_max_tokens(
             request.sampling,
             len(prompt),
             spec.context_length,
             spec.default_max_tokens,
             prompt_field=_prompt_field(request),
         )
-        return self._bind(spec, prompt, max_tokens, request, caller)
+
+    async def _confirmed(self, prepared: Prepared, caller: Caller) -> Prepared:
+        """`prepared` on the tokenizer service's ids (waits for them if they are pending)."""
+        if prepared.confirm is None:
+            return prepared
+        ids = await prepared.confirm
+        if ids == prepared.prompt:
+            self._metrics.speculated.labels("confirmed").inc()
+            return dataclasses.replace(prepared, confirm=None)
+        return self._rebind(prepared, ids, caller)
+
+    def _rebind(self, prepared: Prepared, ids: list[int], caller: Caller) -> Prepared:
+        self._metrics.speculated.labels("mismatch").inc()  # TokenizerClient logs it
+        spec, request = prepared.spec, prepared.request
+        return self._bind(spec, ids, self._fit(spec, ids, request), request, caller)
 
     async def _prepare_auto(
         self, request: GenerationRequest, caller: Caller, allowed: frozenset[str]
@@ -243,6 +311,7 @@ class Pipeline:
         max_tokens: int,
         request: GenerationRequest,
         caller: Caller,
+        confirm: asyncio.Future[list[int]] | None = None,
     ) -> Prepared:
         sampling = common_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)
@@ -250,7 +319,7 @@ class Pipeline:
         deployments = self._router.deployment_order(spec, caller.regions)
         if not deployments:
             raise Unavailable(f"model {spec.name!r} has no deployment", retry_after_s=60.0)
-        return Prepared(spec, prompt, sampling, deployments, request)
+        return Prepared(spec, prompt, sampling, deployments, request, confirm)
 
     async def _tokenize(
         self, spec: ModelSpec, request: GenerationRequest, caller: Caller
@@ -260,7 +329,20 @@ class Pipeline:
             return await self._tokenizer.chat_prompt(spec.name, request.messages, tenant=tenant)
         return await self._tokenizer.encode(spec.name, request.prompt, tenant=tenant)
 
+    async def _tokenize_ids(
+        self, spec: ModelSpec, request: GenerationRequest, caller: Caller
+    ) -> PromptIds:
+        tenant = caller.tenant_id
+        if request.kind is Kind.CHAT:
+            return await self._tokenizer.chat_prompt_ids(spec.name, request.messages, tenant=tenant)
+        return await self._tokenizer.encode_ids(spec.name, request.prompt, tenant=tenant)
+
     async def _admit(self, prepared: Prepared, caller: Caller, policy: TenantPolicy) -> Admission:
+        if prepared.confirm is not None:  # admission counts the service's tokens, nobody else's
+            ids = await prepared.confirm
+            if ids != prepared.prompt:
+                raise _UnconfirmedError(ids)
+            self._metrics.speculated.labels("confirmed").inc()
         request = prepared.request
         with phase(self._metrics, "admission"):
             return await self._admitter.admit(
@@ -355,6 +437,12 @@ _HIT_LABELS = {
     cache_pb.HIT_KIND_SEMANTIC: "semantic",
     cache_pb.HIT_KIND_MISS: "miss",
 }
+
+
+def _abandon_reason(error: BaseException) -> str:
+    if isinstance(error, _UnconfirmedError):
+        return "unconfirmed"
+    return "refused" if isinstance(error, ServiceError) else "cancelled"
 
 
 def _prompt_field(request: GenerationRequest) -> str:

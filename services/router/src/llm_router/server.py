@@ -36,7 +36,7 @@ from llm_router.dispatch import Dispatcher
 from llm_router.embedder import Embedder
 from llm_router.load import LoadBoard
 from llm_router.load_watch import LoadWatcher
-from llm_router.local_tokenizer import load_local
+from llm_router.local_tokenizer import TokenizeMode, load_local
 from llm_router.model_routing import ModelRouter
 from llm_router.observability import RouterMetrics
 from llm_router.openai_http import OpenAIHttp, start_openai_http
@@ -147,8 +147,14 @@ async def build_runtime(
 
     memo = TokenMemo(settings.token_memo) if settings.token_memo.max_tokens > 0 else None
     local = await asyncio.to_thread(load_local, catalog, settings.tokenize)
+    speculate = settings.tokenize is TokenizeMode.SPECULATE
     tokenizer = TokenizerClient(
-        channel(d.tokenizer_addr), d.call_timeout_s, memo, metrics.token_memo, local
+        channel(d.tokenizer_addr),
+        d.call_timeout_s,
+        memo,
+        metrics.token_memo,
+        local=None if speculate else local,
+        speculative=local if speculate else None,
     )
     reserve_batch = None
     if d.reserve_batch_max > 0:

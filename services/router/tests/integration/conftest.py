@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from google.protobuf import timestamp_pb2
 from prometheus_client import CollectorRegistry
 
 from llm_auth.principal import KeyLimits
@@ -49,6 +50,7 @@ from llm_router.server import Runtime, build_runtime
 from llm_tokenizer.config import Limits as TokenizerLimits
 from llm_tokenizer.server import build_spec as tokenizer_spec
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
+from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 from llmapi.inference.v1 import inference_service_pb2_grpc as inf_grpc
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
 
@@ -317,3 +319,21 @@ async def wait_for(predicate: Any, timeout_s: float = 10.0, interval_s: float = 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(interval_s)
+
+
+async def billed(stack: Stack, tenant: str, requests: int) -> billing_pb.UsageBucket:
+    """`tenant`'s usage at billing, once it counts `requests` requests."""
+
+    async def total() -> billing_pb.UsageBucket | None:
+        now = int(time.time())
+        response = await billing_grpc.BillingServiceStub(stack.billing.channel).GetUsage(
+            billing_pb.GetUsageRequest(
+                tenant_id=tenant,
+                start_time=timestamp_pb2.Timestamp(seconds=now - 7200),
+                end_time=timestamp_pb2.Timestamp(seconds=now + 7200),
+            )
+        )
+        return response.total if response.total.requests == requests else None
+
+    result: billing_pb.UsageBucket = await wait_for(total)
+    return result

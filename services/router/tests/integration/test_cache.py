@@ -3,17 +3,13 @@ without touching a replica and billed as cached; what is never cached; a cache o
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from google.protobuf import timestamp_pb2
 
 from llm_common.testing import free_port
-from llmapi.billing.v1 import billing_service_pb2 as billing_pb
-from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as cache_grpc
 from llmapi.common.v1 import common_pb2
@@ -24,6 +20,7 @@ from .conftest import (
     Caller,
     Router,
     Stack,
+    billed,
     deployment,
     router_settings,
     running_router,
@@ -70,22 +67,6 @@ async def stored(stack: Stack, tenant: str, count: int) -> None:
         return (await stub.Stats(cache_pb.StatsRequest(tenant_id=tenant))).entries >= count
 
     await wait_for(done)
-
-
-async def billed(stack: Stack, tenant: str, requests: int) -> billing_pb.UsageBucket:
-    async def total() -> billing_pb.UsageBucket | None:
-        now = int(time.time())
-        response = await billing_grpc.BillingServiceStub(stack.billing.channel).GetUsage(
-            billing_pb.GetUsageRequest(
-                tenant_id=tenant,
-                start_time=timestamp_pb2.Timestamp(seconds=now - 7200),
-                end_time=timestamp_pb2.Timestamp(seconds=now + 7200),
-            )
-        )
-        return response.total if response.total.requests == requests else None
-
-    result: billing_pb.UsageBucket = await wait_for(total)
-    return result
 
 
 async def test_exact_hit_is_replayed_without_a_replica_and_billed_as_cached(

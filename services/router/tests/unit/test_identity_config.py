@@ -102,7 +102,7 @@ def test_settings_defaults_and_overrides() -> None:
     assert custom.routing.block_tokens == 32
     assert custom.routing.mesh_addr == "127.0.0.1:15001"
     assert custom.limits.max_messages == 8
-    assert settings.tokenize is TokenizeMode.SERVICE
+    assert settings.tokenize is TokenizeMode.SPECULATE  # the service decides; work starts early
     assert custom.tokenize is TokenizeMode.AUTO
     assert settings.http_port is None  # the OpenAI listener is off unless asked for
     http = Settings.from_env({**REQUIRED, "ROUTER_HTTP_PORT": "8053"})
