@@ -11,8 +11,9 @@ ServiceError the unary call would have raised).
 
 A call runs in the context of its first caller (request id and trace, not its deadline: the
 call serves every caller, with its own timeout). A call shared by several callers has a span
-of its own, a child of the first caller's, with a link to each other caller's span: every
-request's trace can reach the call it rode in.
+of its own, a child of the first caller's, with a link to each other caller's span; each
+other caller gets a `<span>.item` span in its own trace for the same time, linked back to the
+call's span. Trace views that follow links only one way still show every request its call.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from llm_common.deadlines import without_deadline
@@ -48,10 +50,6 @@ class BatchShape:
 
 # A queued call, its caller's future and its caller's context.
 _Queued = tuple[Call, "asyncio.Future[Response]", contextvars.Context]
-
-
-def _current_span_context() -> trace.SpanContext:
-    return trace.get_current_span().get_span_context()
 
 
 class CallBatcher(Generic[Call, Response]):
@@ -153,10 +151,22 @@ class CallBatcher(Generic[Call, Response]):
         calls = [c for c, _, _ in batch]
         if len(batch) == 1:  # its caller's own trace holds the call
             return await self._send_batch(calls, self._timeout_s)
-        others = (context.run(_current_span_context) for _, _, context in batch[1:])
+        riders = [context.run(otel_context.get_current) for _, _, context in batch[1:]]
+        others = (trace.get_current_span(rider).get_span_context() for rider in riders)
         links = [trace.Link(span) for span in others if span.is_valid]
         attributes = {"batch.items": len(batch)}
         with self._tracer.start_as_current_span(
             self._span_name, links=links, attributes=attributes
-        ):
-            return await self._send_batch(calls, self._timeout_s)
+        ) as shared:
+            back = [trace.Link(shared.get_span_context())]
+            items = [
+                self._tracer.start_span(
+                    f"{self._span_name}.item", rider, links=back, attributes=attributes
+                )
+                for rider in riders
+            ]
+            try:
+                return await self._send_batch(calls, self._timeout_s)
+            finally:
+                for item in items:
+                    item.end()

@@ -205,6 +205,14 @@ async def test_a_shared_call_has_a_span_linked_to_each_caller() -> None:
     assert shared.parent.span_id == contexts[1].span_id  # in the trace of its first caller
     assert [link.context.span_id for link in shared.links] == [contexts[2].span_id]
     assert shared.attributes == {"batch.items": 2}
+    # The other caller's own trace holds the call too, linked back to it.
+    (item,) = [s for s in exporter.get_finished_spans() if s.name == "router.settle_batch.item"]
+    assert item.parent is not None
+    assert item.parent.span_id == contexts[2].span_id
+    assert item.context.trace_id == contexts[2].trace_id
+    assert [link.context.span_id for link in item.links] == [shared.context.span_id]
+    assert item.start_time >= shared.start_time
+    assert item.end_time <= shared.end_time
 
 
 async def test_the_wait_still_caps_a_queue_behind_a_slow_call() -> None:
