@@ -215,8 +215,8 @@ class TokenizerClient:
         if model not in self._distrusted:
             self._distrusted.add(model)
             _log.warning(
-                "the tokenizer service's prompt tokens differ from the router's own: its"
-                " tokenizer files differ; no more speculation for this model until restart",
+                "the tokenizer service's prompt tokens differ from the router's own (their"
+                " tokenizer files differ); this model is not speculated on until restart",
                 model=model,
             )
 
