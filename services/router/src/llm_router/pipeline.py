@@ -339,7 +339,8 @@ class Pipeline:
 
     async def _admit(self, prepared: Prepared, caller: Caller, policy: TenantPolicy) -> Admission:
         if prepared.confirm is not None:  # admission counts the service's tokens, nobody else's
-            ids = await prepared.confirm
+            with phase(self._metrics, "tokenize_confirm"):
+                ids = await prepared.confirm
             if ids != prepared.prompt:
                 raise _UnconfirmedError(ids)
             self._metrics.speculated.labels("confirmed").inc()

@@ -133,6 +133,10 @@ async def test_generation_starts_before_the_service_answers(stack: Stack, tmp_pa
             reply = await call
             assert router.metric(SPECULATIONS, outcome="confirmed") == 1
             assert router.metric(SPECULATIONS, outcome="mismatch") == 0
+            # The wait for the service's ids is a phase of its own, apart from admission.
+            waited = router.metric("llm_router_phase_seconds_sum", phase="tokenize_confirm")
+            assert waited >= 0.2
+            assert router.metric("llm_router_phase_seconds_count", phase="admission") == 1
     assert reply.usage.prompt_tokens == len(await service_ids(stack, request))
     assert reply.usage.completion_tokens == 3
 
