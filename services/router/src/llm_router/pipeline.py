@@ -232,18 +232,10 @@ class Pipeline:
             prompt = await self._tokenize_ids(spec, request, caller)
         if prompt.confirm is not None:
             try:
-                return self._bind(
-                    spec,
-                    prompt.ids,
-                    self._fit(spec, prompt.ids, request),
-                    request,
-                    caller,
-                    prompt.confirm,
-                )
+                max_tokens = self._fit(spec, prompt.ids, request)
+                return self._bind(spec, prompt.ids, max_tokens, request, caller, prompt.confirm)
             except InvalidArgument:
-                # Judged on the router's own ids: the service's decide.
-                ids = await prompt.confirm
-                return self._bind(spec, ids, self._fit(spec, ids, request), request, caller)
+                prompt = PromptIds(await prompt.confirm)  # judged on the router's own ids
         return self._bind(spec, prompt.ids, self._fit(spec, prompt.ids, request), request, caller)
 
     @staticmethod

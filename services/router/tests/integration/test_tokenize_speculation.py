@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 
-from llm_common.errors import InvalidArgument
+from llm_common.errors import InvalidArgument, parse_error
 from llm_common.models_config import ModelCatalog
 from llm_common.server import ServiceSpec
 from llm_common.testing import RunningServer, free_port, running_server, settings_for_tests
@@ -229,3 +229,16 @@ async def test_a_local_refusal_waits_for_the_services_verdict(stack: Stack) -> N
     with pytest.raises(InvalidArgument) as err:
         await client.chat_prompt_ids(MODEL, messages)
     assert "Unsupported role: tool" in err.value.violations[0].description
+
+
+async def test_an_overflow_is_the_services_verdict(stack: Stack, tmp_path: Path) -> None:
+    catalog = with_deployments(stack.catalog, deployment("d", stack.replica_addrs))
+    caller = await stack.tenant()
+    request = chat("Too long an answer", max_tokens=5000)  # the demo context is 2,048
+    async with running_router(speculating(stack, tmp_path), catalog) as router:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await router.stub.Chat(request, metadata=caller.metadata)
+        details = parse_error(err.value)
+        assert details.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert details.field_violations[0].field == "sampling.max_tokens"
+        assert total(router, ROUTED) == 0  # nothing started on the router's own count
