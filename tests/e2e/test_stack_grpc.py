@@ -171,12 +171,14 @@ def test_a_revoked_key_stops_working(stack: RunningStack) -> None:
 
 def test_rate_limit_is_resource_exhausted_for_grpc_and_429_for_http(stack: RunningStack) -> None:
     key = stack.create_key(requests_per_minute=3, name="limited")
+    # A client claiming to be unlimited is not believed: only ext_authz may say so.
+    metadata = (*bearer(key), ("x-no-rate-limit", "key,tenant"))
     with grpc.insecure_channel(stack.edge) as channel:
         llm = pb_grpc.LLMServiceStub(channel)
         for _ in range(3):
-            llm.ListModels(pb.ListModelsRequest(), metadata=bearer(key), timeout=10)
+            llm.ListModels(pb.ListModelsRequest(), metadata=metadata, timeout=10)
         with pytest.raises(grpc.RpcError) as err:
-            llm.ListModels(pb.ListModelsRequest(), metadata=bearer(key), timeout=10)
+            llm.ListModels(pb.ListModelsRequest(), metadata=metadata, timeout=10)
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     status, headers, raw = http(
         stack, "/v1/chat/completions", {"model": "demo", "messages": []}, key
@@ -184,6 +186,34 @@ def test_rate_limit_is_resource_exhausted_for_grpc_and_429_for_http(stack: Runni
     assert status == 429
     assert json.loads(raw)["error"]["code"] == "rate_limit_exceeded"
     assert "x-ratelimit-limit" in {k.lower() for k in headers}
+
+
+def rate_limit_answers(stack: RunningStack) -> int:
+    """How many answers the edge's rate-limit filter has had from auth, over every route."""
+    url = f"http://{stack.endpoints.admin}/stats?filter=ratelimit"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        lines = response.read().decode().splitlines()
+    kinds = (".ratelimit.ok", ".ratelimit.over_limit", ".ratelimit.error")
+    return sum(
+        int(value)
+        for name, _, value in (line.partition(": ") for line in lines)
+        if name.endswith(kinds)
+    )
+
+
+def test_a_key_without_request_limits_costs_no_rate_limit_call(stack: RunningStack) -> None:
+    limited = stack.create_key(requests_per_minute=1000, name="limited-high")
+    with grpc.insecure_channel(stack.edge) as channel:
+        llm = pb_grpc.LLMServiceStub(channel)
+        before = rate_limit_answers(stack)
+        for _ in range(3):  # the demo key, its tenant: no request limit (make up's defaults)
+            llm.ListModels(pb.ListModelsRequest(), metadata=bearer(stack.demo_key), timeout=10)
+        after_unlimited = rate_limit_answers(stack)
+        for _ in range(2):
+            llm.ListModels(pb.ListModelsRequest(), metadata=bearer(limited), timeout=10)
+        after_limited = rate_limit_answers(stack)
+    assert after_unlimited == before
+    assert after_limited == before + 2
 
 
 def _usage(stack: RunningStack, tenant: str, key: str) -> billing_pb.GetUsageResponse:

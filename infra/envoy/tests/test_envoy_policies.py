@@ -11,7 +11,7 @@ import pytest
 
 from llm_envoy import bootstrap, layouts
 from llm_envoy.clusters import REPLICA_CLUSTER
-from llm_envoy.filters import IDENTITY_HEADERS
+from llm_envoy.filters import IDENTITY_HEADERS, NO_RATE_LIMIT_HEADER
 from llm_envoy.routes import LLM_METHODS, Kind
 from llm_envoy.topology import (
     AUTH_EDGE_HEALTH,
@@ -235,6 +235,29 @@ def test_openai_paths_go_through_ext_authz_with_scopes_and_rate_limits() -> None
     context = chat["typed_per_filter_config"]["envoy.filters.http.ext_authz"]["check_settings"]
     assert context["context_extensions"]["required_scopes"] == "completion:write"
     assert chat["route"]["rate_limits"]
+
+
+@pytest.mark.parametrize("flavour", ["local", "k8s-edge"])
+def test_rate_limit_descriptors_drop_when_ext_authz_marks_them_unlimited(flavour: str) -> None:
+    routes = [r for r in by_name(CONFIGS[flavour], "edge_http").values() if "route" in r]
+    limited = [r["route"]["rate_limits"] for r in routes if "rate_limits" in r["route"]]
+    assert limited
+    for rate_limits in limited:
+        levels = []
+        for descriptor in rate_limits:
+            gate = descriptor["actions"][-1]["header_value_match"]
+            # No header (an older auth): the descriptor is sent. Its level listed: dropped.
+            assert gate["expect_match"] is False
+            assert gate["headers"] == [
+                {
+                    "name": NO_RATE_LIMIT_HEADER,
+                    "string_match": {"contains": gate["descriptor_value"]},
+                }
+            ]
+            levels.append(gate["descriptor_value"])
+        assert levels == ["key", "tenant"]
+    # A client cannot mark itself unlimited: the header is stripped before ext_authz.
+    assert NO_RATE_LIMIT_HEADER in IDENTITY_HEADERS
 
 
 def test_local_edge_sends_ext_authz_and_rate_limits_to_the_lean_listener() -> None:

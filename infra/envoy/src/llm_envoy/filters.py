@@ -24,8 +24,18 @@ TRANSCODER = "envoy.filters.http.grpc_json_transcoder"
 DYNAMIC_FORWARD_PROXY = "envoy.filters.http.dynamic_forward_proxy"
 RATE_LIMIT_DOMAIN = "llm-api"
 OTEL_CLUSTER = "otel_collector"
+# Set by ext_authz: the request-rate descriptors ("key", "tenant") with no limit for the
+# caller, which the edge then does not send to the rate-limit service.
+NO_RATE_LIMIT_HEADER = "x-no-rate-limit"
 # Set by ext_authz from the verified credential; a client must never be able to send them.
-IDENTITY_HEADERS = ("x-tenant-id", "x-key-id", "x-scopes", "x-credential-type", "x-allowed-models")
+IDENTITY_HEADERS = (
+    "x-tenant-id",
+    "x-key-id",
+    "x-scopes",
+    "x-credential-type",
+    "x-allowed-models",
+    NO_RATE_LIMIT_HEADER,
+)
 # Headers ext_authz needs: the credential, the requested model, and the content type (its
 # denial body is JSON for HTTP clients and plain text, i.e. grpc-message, for gRPC ones).
 AUTHZ_HEADERS = ("authorization", "x-api-key", "x-model", "content-type")

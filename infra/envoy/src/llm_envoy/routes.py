@@ -10,6 +10,7 @@ from llm_envoy.clusters import REPLICA_CLUSTER
 from llm_envoy.filters import (
     DYNAMIC_FORWARD_PROXY,
     EXT_AUTHZ,
+    NO_RATE_LIMIT_HEADER,
     RBAC,
     AuthTargets,
     http_authz_service,
@@ -167,10 +168,29 @@ def admin_tenant_only(tenant: str) -> Config:
 
 def rate_limits() -> list[Config]:
     """Two descriptors charged independently by auth's RLS: the key's own requests-per-minute
-    and its tenant's. Both come from headers ext_authz set; without them the descriptor drops."""
+    and its tenant's. Both come from headers ext_authz set; without them the descriptor drops.
+    A descriptor ext_authz marked as unlimited for the caller drops too, and with none left
+    Envoy makes no rate-limit call at all: a key without request limits costs no round trip."""
     tenant = {"request_headers": {"header_name": "x-tenant-id", "descriptor_key": "tenant"}}
     key = {"request_headers": {"header_name": "x-key-id", "descriptor_key": "key_id"}}
-    return [{"actions": [tenant, key]}, {"actions": [tenant]}]
+    return [
+        {"actions": [tenant, key, _limited("key")]},
+        {"actions": [tenant, _limited("tenant")]},
+    ]
+
+
+def _limited(level: str) -> Config:
+    """An entry `limited: <level>` unless ext_authz listed `level` as unlimited. Without the
+    header (an auth from before it, or none) the entry is there and the descriptor is sent."""
+    unlimited = {"name": NO_RATE_LIMIT_HEADER, "string_match": {"contains": level}}
+    return {
+        "header_value_match": {
+            "descriptor_key": "limited",
+            "descriptor_value": level,
+            "expect_match": False,
+            "headers": [unlimited],
+        }
+    }
 
 
 def _route(match: Config, action: Config, per_filter: Config, name: str) -> Config:

@@ -22,7 +22,18 @@ from llm_common.errors import ServiceError, Unauthenticated
 
 Context = grpc.aio.ServicerContext[Any, Any]
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
-IDENTITY_HEADERS = ("x-tenant-id", "x-key-id", "x-scopes", "x-credential-type", "x-allowed-models")
+# Which of the edge's request-rate descriptors have no limit for this caller ("key", "tenant"):
+# the edge drops those descriptors, and calls no rate-limit service when none is left. Absent
+# (an older auth, a failed check), every descriptor is sent, as before.
+NO_RATE_LIMIT_HEADER = "x-no-rate-limit"
+IDENTITY_HEADERS = (
+    "x-tenant-id",
+    "x-key-id",
+    "x-scopes",
+    "x-credential-type",
+    "x-allowed-models",
+    NO_RATE_LIMIT_HEADER,
+)
 MODEL_HEADER = "x-model"
 MAX_MODEL_CHARS = 256
 METADATA_NAMESPACE = "envoy.filters.http.ext_authz"  # where Envoy files dynamic_metadata
@@ -88,8 +99,26 @@ def _header(key: str, value: str) -> Any:
     )
 
 
-def identity_headers(principal: Principal) -> list[tuple[str, str]]:
-    """What the upstream learns about the caller."""
+@dataclass(frozen=True, slots=True)
+class RequestRates:
+    """The request-per-minute limits auth's rate-limit service applies beside each key's own
+    (0 = unlimited): what Check needs to tell the edge which descriptors can be skipped."""
+
+    tenant_per_minute: int = 0
+
+    def unlimited(self, principal: Principal) -> tuple[str, ...]:
+        """The descriptor levels with no limit for `principal`: the same limits the rate-limit
+        service looks up (a key's record, or the JWT defaults the principal carries)."""
+        levels = []
+        if principal.limits.requests_per_minute <= 0:
+            levels.append("key")
+        if self.tenant_per_minute <= 0:
+            levels.append("tenant")
+        return tuple(levels)
+
+
+def identity_headers(principal: Principal, rates: RequestRates) -> list[tuple[str, str]]:
+    """What the upstream (and the edge's rate-limit filter) learns about the caller."""
     headers = [
         ("x-tenant-id", principal.tenant_id),
         ("x-key-id", principal.key_id),
@@ -98,13 +127,16 @@ def identity_headers(principal: Principal) -> list[tuple[str, str]]:
     ]
     if principal.model_restriction:
         headers.append(("x-allowed-models", ",".join(principal.model_restriction)))
+    unlimited = rates.unlimited(principal)
+    if unlimited:
+        headers.append((NO_RATE_LIMIT_HEADER, ",".join(unlimited)))
     return headers
 
 
-def allowed(principal: Principal) -> Any:
+def allowed(principal: Principal, rates: RequestRates) -> Any:
     """OK: identity headers set (overwriting anything the client sent), credentials dropped,
     identity in dynamic metadata for rate-limit descriptors."""
-    set_headers = identity_headers(principal)
+    set_headers = identity_headers(principal, rates)
     set_names = {name for name, _ in set_headers}
     metadata = struct_pb2.Struct()
     metadata.update(
@@ -132,22 +164,25 @@ def public() -> Any:
     return authz_pb.CheckResponse(status=status_pb2.Status(code=0), ok_response=ok)
 
 
-def _serialized_allowed(principal: Principal) -> bytes:
-    reply: bytes = allowed(principal).SerializeToString()
+def serialized_allowed(principal: Principal, rates: RequestRates) -> bytes:
+    """Check's OK reply, serialized."""
+    reply: bytes = allowed(principal, rates).SerializeToString()
     return reply
 
 
 class AllowedReplies:
-    """Serialized OK replies by principal, as `build` makes them (Check's CheckResponse by
-    default; the HTTP listener passes its own). A principal's reply never changes, and
-    building it (headers, a Struct) took more time than the rest of Check; the bound keeps
-    memory flat when many distinct JWT subjects pass (a full cache is simply emptied)."""
+    """Serialized OK replies by principal, as `build` makes them (Check's CheckResponse, or
+    the HTTP listener's reply). A principal's reply never changes, and building it (headers,
+    a Struct) took more time than the rest of Check; the bound keeps memory flat when many
+    distinct JWT subjects pass (a full cache is simply emptied)."""
 
     def __init__(
         self,
-        build: Callable[[Principal], bytes] = _serialized_allowed,
+        build: Callable[[Principal, RequestRates], bytes],
+        rates: RequestRates,
         max_entries: int = 10_000,
     ) -> None:
+        self.rates = rates
         self._build = build
         self._max_entries = max_entries
         self._replies: dict[Principal, bytes] = {}
@@ -160,7 +195,7 @@ class AllowedReplies:
         if reply is None:
             if len(self._replies) >= self._max_entries:
                 self._replies.clear()
-            reply = self._replies[principal] = self._build(principal)
+            reply = self._replies[principal] = self._build(principal, self.rates)
         return reply
 
 
@@ -212,12 +247,17 @@ class AuthorizationServicer:
     context extension). Replies are serialized CheckResponses (see `method_handlers`)."""
 
     def __init__(
-        self, authenticator: Authenticator, public_paths: Sequence[str], metrics: AuthMetrics
+        self,
+        authenticator: Authenticator,
+        public_paths: Sequence[str],
+        metrics: AuthMetrics,
+        rates: RequestRates,
     ) -> None:
         self._auth = authenticator
         self._public = frozenset(public_paths)
         self._metrics = metrics
-        self._allowed = AllowedReplies()
+        self.rates = rates
+        self._allowed = AllowedReplies(serialized_allowed, rates)
         self._public_reply: bytes = public().SerializeToString()
 
     def method_handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, bytes]]:

@@ -36,6 +36,7 @@ from llm_auth.extauthz import (
     AllowedReplies,
     AuthorizationServicer,
     Denial,
+    RequestRates,
     identity_headers,
 )
 from llm_auth.principal import Principal
@@ -140,10 +141,10 @@ def response(status: int, headers: Sequence[tuple[str, str]], body: bytes = b"")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
 
 
-def allowed_reply(principal: Principal) -> bytes:
+def allowed_reply(principal: Principal, rates: RequestRates) -> bytes:
     """200: identity headers for the upstream, credentials and unset identity headers
     removed from the upstream request."""
-    headers = identity_headers(principal)
+    headers = identity_headers(principal, rates)
     names = {name for name, _ in headers}
     remove = [*CREDENTIAL_HEADERS, *(h for h in IDENTITY_HEADERS if h not in names)]
     return response(200, [*headers, (REMOVE_HEADER, ",".join(remove))])
@@ -172,7 +173,7 @@ class HttpAuthorizer:
         self._authz = authz
         self._metrics = metrics or default_rpc_metrics()
         self._tracer = tracer or rpc_tracer()
-        self._allowed = AllowedReplies(allowed_reply)
+        self._allowed = AllowedReplies(allowed_reply, authz.rates)
         self._idle: set[asyncio.StreamWriter] = set()  # between requests
         self._closing = False
 

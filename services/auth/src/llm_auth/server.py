@@ -15,7 +15,7 @@ from llm_auth.authenticator import Authenticator, now_ms
 from llm_auth.bootstrap import ensure_admin_key, ensure_admin_key_with_retry
 from llm_auth.config import Settings
 from llm_auth.edge import EdgeServer, add_envoy_services, start_edge_server
-from llm_auth.extauthz import AuthorizationServicer
+from llm_auth.extauthz import AuthorizationServicer, RequestRates
 from llm_auth.http_authz import HttpAuthzServer, start_http_authz
 from llm_auth.jwt_verify import JwtVerifier
 from llm_auth.key_admin import KeyAdmin
@@ -95,7 +95,10 @@ class AuthApp:
             self.metrics,
             settings.reservation_ttl_s,
         )
-        self.authz = AuthorizationServicer(self.authenticator, settings.public_paths, self.metrics)
+        rates = RequestRates(tenant_per_minute=settings.limits.tenant_requests_per_minute)
+        self.authz = AuthorizationServicer(
+            self.authenticator, settings.public_paths, self.metrics, rates
+        )
         self.rls = RateLimitServicer(RateLimitPolicy(self.quotas))
         self.edge: EdgeServer | None = None
         self.http_authz: HttpAuthzServer | None = None

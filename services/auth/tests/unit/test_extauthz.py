@@ -9,7 +9,9 @@ import pytest
 from envoy.service.auth.v3 import attribute_context_pb2, external_auth_pb2
 
 from llm_auth.extauthz import (
+    NO_RATE_LIMIT_HEADER,
     AllowedReplies,
+    RequestRates,
     allowed,
     credential_from,
     denial,
@@ -17,11 +19,13 @@ from llm_auth.extauthz import (
     public,
     request_headers,
     required_scopes,
+    serialized_allowed,
 )
-from llm_auth.principal import CredentialType, Principal
+from llm_auth.principal import CredentialType, KeyLimits, Principal
 from llm_common.errors import PermissionDenied, Unauthenticated, Unavailable
 
 KEY = "sk-0123456789abcdef." + "a" * 43
+LIMITED = RequestRates(tenant_per_minute=600)  # every key's tenant has a request limit
 
 
 def test_credential_from_either_header() -> None:
@@ -59,8 +63,14 @@ def test_required_scopes_accept_spaces_and_commas() -> None:
 
 
 def test_allowed_sets_identity_and_removes_credentials() -> None:
-    p = Principal("acme", "0123456789abcdef", CredentialType.API_KEY, scopes=("a", "b"))
-    response = allowed(p)
+    p = Principal(
+        "acme",
+        "0123456789abcdef",
+        CredentialType.API_KEY,
+        scopes=("a", "b"),
+        limits=KeyLimits(requests_per_minute=60),
+    )
+    response = allowed(p, LIMITED)
     assert response.status.code == 0
     headers = {h.header.key: h.header.value for h in response.ok_response.headers}
     assert headers == {
@@ -70,8 +80,29 @@ def test_allowed_sets_identity_and_removes_credentials() -> None:
         "x-credential-type": "api_key",
     }
     removed = set(response.ok_response.headers_to_remove)
-    assert {"authorization", "x-api-key", "x-allowed-models"} <= removed
+    assert {"authorization", "x-api-key", "x-allowed-models", NO_RATE_LIMIT_HEADER} <= removed
     assert response.dynamic_metadata["tenant"] == "acme"
+
+
+@pytest.mark.parametrize(
+    ("key_limit", "tenant_limit", "unlimited"),
+    [
+        (60, 600, None),  # both descriptors apply: the header is removed, not set
+        (0, 600, "key"),
+        (60, 0, "tenant"),
+        (0, 0, "key,tenant"),  # nothing to check: the edge calls no rate-limit service
+    ],
+)
+def test_allowed_tells_the_edge_which_request_limits_do_not_apply(
+    key_limit: int, tenant_limit: int, unlimited: str | None
+) -> None:
+    limits = KeyLimits(requests_per_minute=key_limit, tokens_per_minute=5)
+    p = Principal("acme", "0123456789abcdef", CredentialType.JWT, limits=limits)
+    response = allowed(p, RequestRates(tenant_per_minute=tenant_limit))
+    headers = {h.header.key: h.header.value for h in response.ok_response.headers}
+    assert headers.get(NO_RATE_LIMIT_HEADER) == unlimited
+    removed = NO_RATE_LIMIT_HEADER in response.ok_response.headers_to_remove
+    assert removed is (unlimited is None)
 
 
 def test_public_removes_identity_headers() -> None:
@@ -102,23 +133,23 @@ def test_denials_map_to_http_statuses_with_readable_bodies() -> None:
 
 
 def test_allowed_replies_are_the_serialized_allowed_response_built_once() -> None:
-    replies = AllowedReplies()
+    replies = AllowedReplies(serialized_allowed, LIMITED)
     p = Principal("acme", "0123456789abcdef", CredentialType.API_KEY, scopes=("a",))
     first = replies.get(p)
-    assert external_auth_pb2.CheckResponse.FromString(first) == allowed(p)
+    assert external_auth_pb2.CheckResponse.FromString(first) == allowed(p, LIMITED)
     assert (
         replies.get(Principal("acme", "0123456789abcdef", CredentialType.API_KEY, ("a",))) is first
     )
     other = Principal("acme", "fedcba9876543210", CredentialType.API_KEY, scopes=("a",))
-    assert external_auth_pb2.CheckResponse.FromString(replies.get(other)) == allowed(other)
+    assert external_auth_pb2.CheckResponse.FromString(replies.get(other)) == allowed(other, LIMITED)
     assert len(replies) == 2
 
 
 def test_allowed_replies_stay_bounded() -> None:
-    replies = AllowedReplies(max_entries=3)
+    replies = AllowedReplies(serialized_allowed, LIMITED, max_entries=3)
     principals = [Principal("acme", f"{i:016x}", CredentialType.JWT) for i in range(10)]
     for p in principals:
-        assert external_auth_pb2.CheckResponse.FromString(replies.get(p)) == allowed(p)
+        assert external_auth_pb2.CheckResponse.FromString(replies.get(p)) == allowed(p, LIMITED)
         assert len(replies) <= 3
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_auth.extauthz import denial
+from llm_auth.extauthz import NO_RATE_LIMIT_HEADER, RequestRates, denial
 from llm_auth.http_authz import (
     PUBLIC_REPLY,
     REMOVE_HEADER,
@@ -92,7 +92,7 @@ def parse_reply(reply: bytes) -> tuple[int, dict[str, str], bytes]:
 
 def test_allowed_reply_sets_identity_and_removes_credentials() -> None:
     p = Principal("acme", "0123456789abcdef", CredentialType.API_KEY, scopes=("a", "b"))
-    status, headers, body = parse_reply(allowed_reply(p))
+    status, headers, body = parse_reply(allowed_reply(p, RequestRates(tenant_per_minute=60)))
     assert status == 200
     assert body == b""
     assert headers["x-tenant-id"] == "acme"
@@ -100,6 +100,9 @@ def test_allowed_reply_sets_identity_and_removes_credentials() -> None:
     removed = headers[REMOVE_HEADER].split(",")
     assert {"authorization", "x-api-key", "x-allowed-models"} <= set(removed)
     assert "x-tenant-id" not in removed
+    # The key has no request limit, its tenant one: the edge may skip the key's descriptor.
+    assert headers[NO_RATE_LIMIT_HEADER] == "key"
+    assert NO_RATE_LIMIT_HEADER not in removed
 
 
 def test_public_reply_removes_identity_headers() -> None:
