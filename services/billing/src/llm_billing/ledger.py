@@ -63,6 +63,7 @@ class Reservation:
     soft_limit_exceeded: bool
     expires_at_ms: int
     duplicate: bool
+    budgeted: bool = True  # a budget (tenant's or key's) applied; unknown on a duplicate
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +415,7 @@ class Ledger:
                 soft_limit_exceeded=reply[2] == "1",
                 expires_at_ms=now + self._settings.reservation_ttl_ms,
                 duplicate=False,
+                budgeted=reply[3] == "1",
             )
         if kind == "dup":
             if reply[1] != "1":

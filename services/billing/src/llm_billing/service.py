@@ -246,6 +246,7 @@ def _reserve_response(r: Reservation) -> pb.ReserveResponse:
         soft_limit_exceeded=r.soft_limit_exceeded,
         expires_at=timestamp(r.expires_at_ms),
         duplicate=r.duplicate,
+        unbudgeted=not r.budgeted,
     )
 
 

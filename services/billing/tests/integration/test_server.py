@@ -77,7 +77,10 @@ async def test_reserve_settle_release_round_trip(
     held = await stub.Reserve(reserve("r1"))
     assert (held.reserved_micros, held.currency, held.duplicate) == (450, "USD", False)
     assert held.expires_at.seconds > time.time()
-    assert (await stub.Reserve(reserve("r1"))).duplicate
+    assert held.unbudgeted  # acme has no budget
+    again_held = await stub.Reserve(reserve("r1"))
+    assert again_held.duplicate
+    assert not again_held.unbudgeted  # unknown on a duplicate: never claimed
 
     settled = await stub.Settle(
         pb.SettleRequest(
@@ -166,6 +169,23 @@ async def test_hard_budget_gives_quota_failure_with_retry_info(stub: Stub) -> No
     current = (await stub.GetBudget(pb.GetBudgetRequest(tenant_id="acme", key_id="k1"))).budget
     assert (current.spent_micros, current.reserved_micros) == (0, 900)
     assert current.hard_limit_micros == 1000
+
+
+async def test_reserve_says_when_no_budget_applies(stub: Stub) -> None:
+    """A key's budget covers that key only; a tenant's covers all its keys."""
+
+    def budget(key_id: str) -> pb.SetBudgetRequest:
+        limits = {"hard_limit_micros": 10**9, "period": pb.BUDGET_PERIOD_MONTH}
+        return pb.SetBudgetRequest(budget=pb.Budget(tenant_id="acme", key_id=key_id, **limits))
+
+    assert (await stub.Reserve(reserve("r1", key_id="k1"))).unbudgeted
+    await stub.SetBudget(budget("k1"))
+    assert not (await stub.Reserve(reserve("r2", key_id="k1"))).unbudgeted
+    assert (await stub.Reserve(reserve("r3", key_id="k2"))).unbudgeted
+    assert (await stub.Reserve(reserve("r4", key_id=""))).unbudgeted  # a JWT caller
+    await stub.SetBudget(budget(""))
+    assert not (await stub.Reserve(reserve("r5", key_id="k2"))).unbudgeted
+    assert not (await stub.Reserve(reserve("r6", key_id=""))).unbudgeted
 
 
 async def test_usage_granularities_and_filters(stub: Stub, cost_of: Callable[..., int]) -> None:

@@ -93,6 +93,7 @@ class Admitter:
         quota_fail_open: bool,
         refusals: RefusalMemo | None = None,
         unlimited: UnlimitedKeys | None = None,
+        unbudgeted: UnlimitedKeys | None = None,
     ) -> None:
         self._quota = quota
         self._billing = billing
@@ -101,6 +102,7 @@ class Admitter:
         self._quota_fail_open = quota_fail_open
         self.refusals = refusals or RefusalMemo()
         self._unlimited = unlimited or UnlimitedKeys(ttl_s=0.0)
+        self._unbudgeted = unbudgeted or UnlimitedKeys(ttl_s=0.0)
 
     async def admit(
         self,
@@ -190,6 +192,14 @@ class Admitter:
         return 0
 
     async def _reserve_budget(self, admission: Admission, policy: AdmissionPolicy) -> bool:
+        """True when reserved; False when admitted without a reservation, its usage recorded
+        at Settle all the same (billing unreachable, or no budget applies)."""
+        # Only where the policy admits without billing: a `reject` tenant keeps learning of a
+        # billing outage at admission, as before.
+        unbudgeted = (admission.tenant_id, admission.billing_key_id, admission.model)
+        if policy.billing_unavailable == "admit" and unbudgeted in self._unbudgeted:
+            self._metrics.budget_skipped.inc()
+            return False
         request = billing_pb.ReserveRequest(
             request_id=admission.billing_id,
             tenant_id=admission.tenant_id,
@@ -199,7 +209,7 @@ class Admitter:
             max_completion_tokens=admission.max_tokens,
         )
         try:
-            await self._billing.reserve(request)
+            reservation = await self._billing.reserve(request)
         except QuotaExceeded:
             raise
         except NotFound:
@@ -210,4 +220,6 @@ class Admitter:
             self._metrics.degraded.labels("billing", "admitted_unreserved").inc()
             _log.warning("billing unavailable: admitted, usage goes to the outbox")
             return False
+        if reservation.unbudgeted:
+            self._unbudgeted.remember(*unbudgeted)
         return True

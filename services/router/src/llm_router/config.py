@@ -192,6 +192,10 @@ class DownstreamSettings:
     # A key auth reported unlimited skips ReserveTokens/RefundTokens this long (a limit set
     # meanwhile applies when it expires); 0: ask auth on every request.
     quota_unlimited_ttl_s: float = 30.0
+    # A tenant, key and model billing reported unbudgeted skip Reserve this long and settle
+    # without a reservation (a budget set meanwhile is enforced when it expires); 0: always
+    # reserve. Short: budgets are money.
+    billing_unbudgeted_ttl_s: float = 5.0
     # gRPC's own retry of UNAVAILABLE on the tokenizer/auth/billing/cache channels. Turn it off
     # when those addresses are an Envoy mesh listener, which already retries: never the same
     # hop at two layers.
@@ -254,6 +258,12 @@ class DownstreamSettings:
             quota_fail_open=env_bool(environ, "ROUTER_QUOTA_FAIL_OPEN", d.quota_fail_open),
             quota_unlimited_ttl_s=env_float(
                 environ, "ROUTER_QUOTA_UNLIMITED_TTL_S", d.quota_unlimited_ttl_s, min_value=0.0
+            ),
+            billing_unbudgeted_ttl_s=env_float(
+                environ,
+                "ROUTER_BILLING_UNBUDGETED_TTL_S",
+                d.billing_unbudgeted_ttl_s,
+                min_value=0.0,
             ),
             channel_retries=env_bool(environ, "ROUTER_CHANNEL_RETRIES", d.channel_retries),
             overlap_admission=env_bool(environ, "ROUTER_OVERLAP_ADMISSION", d.overlap_admission),

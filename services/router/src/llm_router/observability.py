@@ -90,6 +90,12 @@ class RouterMetrics:
             "Token-quota reservations skipped: the key was recently reported unlimited.",
             registry=registry,
         )
+        self.budget_skipped = Counter(
+            "llm_router_budget_skipped",
+            "Budget reservations skipped: billing recently said no budget applies to the "
+            "tenant, key and model (settled without a reservation).",
+            registry=registry,
+        )
         self.settlements = Counter(
             "llm_router_settlements",
             "Usage settlements by outcome (settled, released, spooled, failed).",

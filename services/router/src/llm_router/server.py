@@ -206,6 +206,7 @@ async def build_runtime(
         metrics,
         quota_fail_open=d.quota_fail_open,
         unlimited=UnlimitedKeys(d.quota_unlimited_ttl_s),
+        unbudgeted=UnlimitedKeys(d.billing_unbudgeted_ttl_s),
     )
 
     router = ModelRouter(catalog, home_region=r.region, rng=rng)

@@ -47,7 +47,9 @@ class FakeBilling:
         if self.over_budget:
             raise QuotaExceeded([], retry_after_s=60)
         self.reserved.append(request)
-        return billing_pb.ReserveResponse(request_id=request.request_id)
+        return billing_pb.ReserveResponse(request_id=request.request_id, unbudgeted=self.unbudgeted)
+
+    unbudgeted = False
 
     async def settle(self, request: billing_pb.SettleRequest, timeout_s: float) -> Any:
         self._check()
@@ -254,6 +256,47 @@ async def test_an_unlimited_key_skips_the_quota_until_the_memo_expires(outbox: O
     quota.limited = True
     assert await admit("a6") == 10
     assert len(quota.reserved) == 4
+
+
+async def test_an_unbudgeted_caller_skips_reserve_and_settles_unreserved(outbox: Outbox) -> None:
+    billing, quota, settler, _, _ = parts(outbox)
+    metrics = RouterMetrics(CollectorRegistry())
+    now = [0.0]
+    memo = UnlimitedKeys(ttl_s=5.0, clock=lambda: now[0])
+    admitter = Admitter(quota, billing, settler, metrics, quota_fail_open=True, unbudgeted=memo)  # type: ignore[arg-type]
+    caller = Caller("acme", "k1", frozenset())
+
+    async def admit(request_id: str, model: str = "m", **policy: Any) -> bool:
+        held = await admitter.admit(
+            request_id=request_id, caller=caller, model=model, prompt_tokens=5, max_tokens=5,
+            policy=AdmissionPolicy(**policy),
+        )  # fmt: skip
+        return held.billing_reserved
+
+    assert await admit("b1")  # billing says budgeted (or is older): always reserve
+    assert await admit("b2")
+    billing.unbudgeted = True
+    assert await admit("b3")  # reserved, and now remembered
+    held = await admitter.admit(
+        request_id="b4", caller=caller, model="m", prompt_tokens=5, max_tokens=5,
+        policy=AdmissionPolicy(),
+    )  # fmt: skip
+    assert not held.billing_reserved
+    assert [r.request_id for r in billing.reserved] == ["b1", "b2", "b3"]
+    assert metrics.budget_skipped._value.get() == 1
+    # Settled without a reservation: a complete Settle that records the usage.
+    await settler.settle(held, Outcome(5, 3, 0, STOP, produced=True))
+    settled = billing.settled[-1]
+    assert (settled.request_id, settled.tenant_id, settled.model) == ("b4", "acme", "m")
+    assert settled.admitted_at.seconds > 0
+    # Memoised per model; and a tenant whose policy rejects without billing always reserves.
+    assert await admit("b5", model="other")
+    assert await admit("b6", billing_unavailable="reject")
+    # After the TTL a budget set meanwhile applies.
+    now[0] = 6.0
+    billing.unbudgeted, billing.over_budget = False, True
+    with pytest.raises(QuotaExceeded):
+        await admit("b7")
 
 
 def test_the_unlimited_memo_is_bounded() -> None:

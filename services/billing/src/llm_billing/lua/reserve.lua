@@ -4,7 +4,8 @@
 --       6 max completion tokens, 7 input price, 8 output price, 9 cached-input price,
 --       10 price effective from (ms), 11 currency, 12 now (ms), 13 expires at (ms),
 --       14 hour id, 15 day id, 16 month id (YYYYMM), 17 record retention (ms)
--- Returns {'ok', reserved, soft} | {'dup', same args?, reserved, currency, soft, expires, state}
+-- Returns {'ok', reserved, soft, budgeted} | {'dup', same args?, reserved, currency, soft, expires,
+--       state}
 --       | {'hard', scope, period, hard limit, used}
 local rec = KEYS[1]
 local old = redis.call('HMGET', rec, 'st', 'k', 'm', 'pt0', 'mc', 'rs', 'cur', 'sf', 'ex')
@@ -18,11 +19,12 @@ local input, output, cached = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARG
 -- Worst case: no prompt token cached (unless caching costs more), every token generated.
 local amount = cost({tonumber(ARGV[5]), math.max(input, cached), tonumber(ARGV[6]), output})
 
-local soft = '0'
+local soft, budgeted = '0', '0'
 local ids = {day = 'd' .. day, month = 'm' .. month, total = 'all'}
 for _, sc in ipairs(scopes(key)) do
   local cfg = redis.call('HMGET', base .. 'bcfg:' .. sc, 'period', 'hard', 'soft')
   if cfg[1] then
+    budgeted = '1'
     local bal = redis.call('HMGET', base .. 'bal:' .. sc .. ':' .. ids[cfg[1]], 'sp', 'rs')
     local used = num(bal[1]) + num(bal[2])
     local hard, soft_limit = num(cfg[2]), num(cfg[3])
@@ -41,4 +43,4 @@ redis.call('HSET', rec, 'st', 'R', 'k', key, 'm', ARGV[4], 'pt0', ARGV[5], 'mc',
 redis.call('PEXPIRE', rec, ARGV[17])
 redis.call('ZADD', KEYS[2], ARGV[13], ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[12], ARGV[2])
-return {'ok', fmt(amount), soft}
+return {'ok', fmt(amount), soft, budgeted}

@@ -122,6 +122,7 @@ class ReserveResponse(_message.Message):
     SOFT_LIMIT_EXCEEDED_FIELD_NUMBER: _builtins.int
     EXPIRES_AT_FIELD_NUMBER: _builtins.int
     DUPLICATE_FIELD_NUMBER: _builtins.int
+    UNBUDGETED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     reserved_micros: _builtins.int
     """Worst-case cost held, in micros."""
@@ -131,6 +132,13 @@ class ReserveResponse(_message.Message):
     duplicate: _builtins.bool
     """True when this request id had been reserved before (nothing changed;
     the first result is returned).
+    """
+    unbudgeted: _builtins.bool
+    """True when no budget (the tenant's or the key's) applies to this request:
+    the reservation limits nothing. A caller may then skip Reserve for the
+    same tenant, key and model for a short while and Settle without a
+    reservation (with tenant_id, key_id, model and admitted_at set); the
+    usage is recorded all the same. False on a duplicate.
     """
     @_builtins.property
     def expires_at(self) -> _timestamp_pb2.Timestamp:
@@ -145,10 +153,11 @@ class ReserveResponse(_message.Message):
         soft_limit_exceeded: _builtins.bool = ...,
         expires_at: _timestamp_pb2.Timestamp | None = ...,
         duplicate: _builtins.bool = ...,
+        unbudgeted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "duplicate", b"duplicate", "expires_at", b"expires_at", "request_id", b"request_id", "reserved_micros", b"reserved_micros", "soft_limit_exceeded", b"soft_limit_exceeded"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["currency", b"currency", "duplicate", b"duplicate", "expires_at", b"expires_at", "request_id", b"request_id", "reserved_micros", b"reserved_micros", "soft_limit_exceeded", b"soft_limit_exceeded", "unbudgeted", b"unbudgeted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
