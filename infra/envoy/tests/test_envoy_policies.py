@@ -237,6 +237,15 @@ def test_openai_paths_go_through_ext_authz_with_scopes_and_rate_limits() -> None
     assert chat["route"]["rate_limits"]
 
 
+def test_the_edge_strips_exactly_the_headers_auth_sets() -> None:
+    # Two deployables, one contract: a header auth sets that the edge let clients send could
+    # be spoofed, and one the edge strips that auth never sets would be lost.
+    from llm_auth import extauthz
+
+    assert IDENTITY_HEADERS == extauthz.IDENTITY_HEADERS
+    assert NO_RATE_LIMIT_HEADER == extauthz.NO_RATE_LIMIT_HEADER
+
+
 @pytest.mark.parametrize("flavour", ["local", "k8s-edge"])
 def test_rate_limit_descriptors_drop_when_ext_authz_marks_them_unlimited(flavour: str) -> None:
     routes = [r for r in by_name(CONFIGS[flavour], "edge_http").values() if "route" in r]

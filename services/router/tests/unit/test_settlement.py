@@ -224,20 +224,25 @@ async def test_admission_degrades_per_policy(outbox: Outbox) -> None:
     assert unlimited.billing_reserved
 
 
+async def small_admission(
+    admitter: Admitter, request_id: str, model: str = "m", **policy: Any
+) -> Admission:
+    """Admit 5 + 5 tokens for acme/k1 under `policy`."""
+    return await admitter.admit(
+        request_id=request_id, caller=Caller("acme", "k1", frozenset()), model=model,
+        prompt_tokens=5, max_tokens=5, policy=AdmissionPolicy(**policy),
+    )  # fmt: skip
+
+
 async def test_an_unlimited_key_skips_the_quota_until_the_memo_expires(outbox: Outbox) -> None:
     billing, quota, settler, _, _ = parts(outbox)
     metrics = RouterMetrics(CollectorRegistry())
     now = [0.0]
     memo = UnlimitedKeys(ttl_s=30.0, clock=lambda: now[0])
     admitter = Admitter(quota, billing, settler, metrics, quota_fail_open=True, unlimited=memo)  # type: ignore[arg-type]
-    caller = Caller("acme", "k1", frozenset())
 
     async def admit(request_id: str) -> int:
-        held = await admitter.admit(
-            request_id=request_id, caller=caller, model="m", prompt_tokens=5, max_tokens=5,
-            policy=AdmissionPolicy(),
-        )  # fmt: skip
-        return held.quota_tokens
+        return (await small_admission(admitter, request_id)).quota_tokens
 
     # A fail-open answer (auth's limiter down) says nothing about the key: not remembered.
     quota.limited, quota.enforced = False, False
@@ -264,23 +269,15 @@ async def test_an_unbudgeted_caller_skips_reserve_and_settles_unreserved(outbox:
     now = [0.0]
     memo = UnlimitedKeys(ttl_s=5.0, clock=lambda: now[0])
     admitter = Admitter(quota, billing, settler, metrics, quota_fail_open=True, unbudgeted=memo)  # type: ignore[arg-type]
-    caller = Caller("acme", "k1", frozenset())
 
     async def admit(request_id: str, model: str = "m", **policy: Any) -> bool:
-        held = await admitter.admit(
-            request_id=request_id, caller=caller, model=model, prompt_tokens=5, max_tokens=5,
-            policy=AdmissionPolicy(**policy),
-        )  # fmt: skip
-        return held.billing_reserved
+        return (await small_admission(admitter, request_id, model, **policy)).billing_reserved
 
     assert await admit("b1")  # billing says budgeted (or is older): always reserve
     assert await admit("b2")
     billing.unbudgeted = True
     assert await admit("b3")  # reserved, and now remembered
-    held = await admitter.admit(
-        request_id="b4", caller=caller, model="m", prompt_tokens=5, max_tokens=5,
-        policy=AdmissionPolicy(),
-    )  # fmt: skip
+    held = await small_admission(admitter, "b4")
     assert not held.billing_reserved
     assert [r.request_id for r in billing.reserved] == ["b1", "b2", "b3"]
     assert metrics.budget_skipped._value.get() == 1
