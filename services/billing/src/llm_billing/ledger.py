@@ -7,6 +7,7 @@ E (expired, charged at the reserved amount); E -> S corrects the charge, E -> X 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -262,11 +263,12 @@ class Ledger:
     async def apply_many(self, ops: Sequence[BatchOp]) -> list[BatchOutcome]:
         """Settle and release many requests, in order, each as `settle`/`release` would.
 
-        One round trip when every op names its tenant and has a reservation (the router's
-        case): all scripts go out in one pipeline. Ops without a tenant cost one more round
-        trip (all owner lookups together); a settle without a reservation is recorded one by
-        one as `settle` does. A store failure of the pipeline is raised (the batch may be
-        retried as a whole: every op is idempotent); in the one-by-one step it is the op's
+        One round trip when every op names its tenant and has a reservation: all scripts go
+        out in one pipeline. Ops without a tenant cost one more round trip (all owner lookups
+        together); settles without a reservation (the router skips Reserve where no budget
+        applies) are then recorded as `settle` does, concurrently, so their commands share
+        the auto-pipelined connection. A store failure of the pipeline is raised (the batch
+        may be retried as a whole: every op is idempotent); in the second step it is the op's
         Unavailable."""
         tenants = await self._owners(ops)
         commands: list[Command] = []
@@ -274,11 +276,11 @@ class Ledger:
             if tenant is not None:
                 commands.append(self._batch_command(op, tenant))
         replies = iter(await self._run(commands) if commands else [])
-        outcomes: list[BatchOutcome] = []
-        for op, tenant in zip(ops, tenants, strict=True):
-            reply = None if tenant is None else next(replies)
-            outcomes.append(await self._batch_outcome(op, reply))
-        return outcomes
+        pending = [
+            self._batch_outcome(op, None if tenant is None else next(replies))
+            for op, tenant in zip(ops, tenants, strict=True)
+        ]
+        return list(await asyncio.gather(*pending))
 
     async def _owners(self, ops: Sequence[BatchOp]) -> list[str | None]:
         """Each op's tenant: as given, else the request id's owner (one round trip)."""
@@ -354,13 +356,15 @@ class Ledger:
         """Bind the request id to the tenant (first writer wins) and register the tenant."""
         owner_key = self._keys.request_owner(request_id)
         # SET NX then GET, not SET NX GET: that form needs Redis 7, and the embedded Redis
-        # that `make up` falls back to is 6.2.
-        async with self._client.pipeline(transaction=False) as pipe:
-            pipe.set(owner_key, tenant, nx=True, px=self._settings.retention_ms)
-            pipe.get(owner_key)
-            pipe.sadd(self._keys.tenants(), tenant)
-            _, owner, _ = await pipe.execute()
-        if owner is not None and owner != tenant:
+        # that `make up` falls back to is 6.2. On the shared auto-pipelined connection, so
+        # the claims of a batch's unreserved settles travel together.
+        commands: list[Command] = [
+            ["SET", owner_key, tenant, "NX", "PX", self._settings.retention_ms],
+            ["GET", owner_key],
+            ["SADD", self._keys.tenants(), tenant],
+        ]
+        _, owner, _ = _raise_first(await self._run(commands))
+        if owner is not None and str(owner) != tenant:
             raise AlreadyExists("request", request_id, "request_id is used by another request")
 
     async def _owner(self, request_id: str) -> str | None:

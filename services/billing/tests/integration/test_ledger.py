@@ -291,6 +291,24 @@ async def test_settle_without_reservation_records_usage_once(
         await b.ledger.settle(settle("r11", tenant="acme", admission=future))
 
 
+async def test_a_batch_of_unreserved_settles_records_each_once(
+    billing_at: Billing, cost_of: Callable[..., int]
+) -> None:
+    # The router's case where no budget applies: every settle of a batch without a reservation.
+    b = billing_at
+    admitted = Admission("k2", "small", T0 - HOUR_MS)
+    await b.ledger.settle(settle("u0", 100, 10, tenant="other", admission=admitted))
+    await b.ledger.reserve(reserve("u1"))
+    ops = [settle(f"u{i}", 100, 10, tenant="acme", admission=admitted) for i in range(6)]
+    outcomes = await b.ledger.apply_many(ops)
+    assert isinstance(outcomes[0], AlreadyExists)  # u0 belongs to another tenant
+    assert [getattr(o, "unreserved", None) for o in outcomes[1:]] == [False] + [True] * 4
+    assert await totals(b) == UsageTotals(5, 500, 50, 0, 5 * cost_of("small", 100, 10))
+    again = await b.ledger.apply_many(ops[1:])
+    assert all(getattr(o, "duplicate", False) for o in again)
+    assert await totals(b) == UsageTotals(5, 500, 50, 0, 5 * cost_of("small", 100, 10))
+
+
 async def test_price_change_applies_to_requests_admitted_after_it(
     settings: Settings, clock: Clock, tmp_path: Path, redis_client: redis.asyncio.Redis
 ) -> None:
