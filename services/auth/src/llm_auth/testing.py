@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from llm_auth.apikeys import ParsedKey
 from llm_auth.authenticator import now_ms
 from llm_auth.config import RedisSettings, Settings
+from llm_auth.extauthz import IDENTITY_HEADERS
 from llm_auth.keystore import NewKey
 from llm_auth.metrics import AuthMetrics
 from llm_auth.principal import KeyLimits
@@ -94,12 +95,11 @@ def http_authz_service(scopes: tuple[str, ...]) -> dict[str, Any]:
     """ext_authz's `http_service` for auth's HTTP listener; a route's scopes ride in the
     path prefix (see llm_auth.http_authz)."""
     prefix = f"/authz;scopes={','.join(scopes)}" if scopes else "/authz"
-    identity = ("x-tenant-id", "x-key-id", "x-scopes", "x-credential-type", "x-allowed-models")
     return {
         "server_uri": {"uri": "http://auth", "cluster": HTTP_AUTHZ_CLUSTER, "timeout": "0.5s"},
         "path_prefix": prefix,
         "authorization_response": {
-            "allowed_upstream_headers": {"patterns": [{"exact": h} for h in identity]},
+            "allowed_upstream_headers": {"patterns": [{"exact": h} for h in IDENTITY_HEADERS]},
             "allowed_client_headers": {
                 "patterns": [
                     {"exact": h} for h in ("content-type", "www-authenticate", "retry-after")

@@ -297,6 +297,30 @@ async def test_key_rate_limit_through_the_rate_limit_service(stack: Stack) -> No
     await stack.call("/echo.Limited/Headers", [("x-api-key", other.text)])
 
 
+async def rate_limit_answers(stack: Stack) -> int:
+    stats = await stack.envoy.stats("cluster.upstream.ratelimit")
+    return sum(v for k, v in stats.items() if k.endswith((".ok", ".over_limit", ".error")))
+
+
+async def test_a_key_without_limits_makes_no_rate_limit_call(stack: Stack) -> None:
+    t = tenant()
+    _, free = await stack.auth.create_key(t)
+    _, limited = await stack.auth.create_key(t, limits=KeyLimits(requests_per_minute=2))
+    before = await rate_limit_answers(stack)
+    for _ in range(3):
+        headers = dict(await stack.call("/echo.Gated/Headers", [("x-api-key", free.text)]))
+        assert headers["x-no-rate-limit"] == "key,tenant"  # what the edge saw from auth
+    assert await rate_limit_answers(stack) == before
+    # A limited key is counted, and claiming to be unlimited changes nothing.
+    spoofed = [("x-api-key", limited.text), ("x-no-rate-limit", "key,tenant")]
+    for _ in range(2):
+        headers = dict(await stack.call("/echo.Gated/Headers", spoofed))
+        assert headers["x-no-rate-limit"] == "tenant"
+    err = await stack.status_of("/echo.Gated/Headers", spoofed)
+    assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert await rate_limit_answers(stack) == before + 3
+
+
 async def test_auth_service_down_fails_closed(redis_url: str, tmp_path: Path) -> None:
     async with echo_upstream() as upstream_port:
         port = free_port()
