@@ -192,6 +192,7 @@ def free_port() -> int:
     return _kernel_port()
 
 
+@functools.cache
 def ephemeral_range() -> tuple[int, int]:
     """The kernel's range for outgoing connections' source ports (Linux; else the IANA one)."""
     try:

@@ -182,7 +182,7 @@ class AllowedReplies:
         rates: RequestRates,
         max_entries: int = 10_000,
     ) -> None:
-        self.rates = rates
+        self._rates = rates
         self._build = build
         self._max_entries = max_entries
         self._replies: dict[Principal, bytes] = {}
@@ -195,7 +195,7 @@ class AllowedReplies:
         if reply is None:
             if len(self._replies) >= self._max_entries:
                 self._replies.clear()
-            reply = self._replies[principal] = self._build(principal, self.rates)
+            reply = self._replies[principal] = self._build(principal, self._rates)
         return reply
 
 

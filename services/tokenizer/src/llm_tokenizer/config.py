@@ -14,6 +14,7 @@ from llm_common.config import (
     positive_ints_from_env,
     require_positive,
 )
+from llm_common.tokenization.messages import DEFAULT_MAX_MESSAGES, DEFAULT_MAX_TEXT_BYTES
 
 SERVICE_NAME = "tokenizer"
 DEFAULT_GRPC_PORT = 50052
@@ -27,9 +28,9 @@ class Limits:
     """Request size limits; every one is checked before any tokenizer work starts."""
 
     max_batch: int = 1024  # texts per Encode/CountTokens, sequences per Decode
-    max_text_bytes: int = MIB  # UTF-8 bytes per text; also total message content per chat
+    max_text_bytes: int = DEFAULT_MAX_TEXT_BYTES  # UTF-8 bytes per text; also per chat
     max_ids_per_sequence: int = MIB  # ids per Decode sequence
-    max_messages: int = 1024  # messages per chat
+    max_messages: int = DEFAULT_MAX_MESSAGES  # messages per chat
 
     def __post_init__(self) -> None:
         require_positive(self, _LIMIT_VARIABLES)

@@ -16,7 +16,7 @@ ROLE_NAMES = {
     common_pb2.ROLE_TOOL: "tool",
 }
 _ROLE_CHOICES = ", ".join(common_pb2.Role.Name(role) for role in ROLE_NAMES)
-# The tokenizer service's default limits (its tests hold them equal), for in-process parity.
+# The tokenizer service's default limits (its Limits default to these), for in-process parity.
 DEFAULT_MAX_MESSAGES = 1024
 DEFAULT_MAX_TEXT_BYTES = MIB
 
