@@ -9,8 +9,10 @@ No Envoy.
 1. Overhead, concurrency 1: the same chat requests (greedy, 4 tokens) through the router's Chat
    (tokenize, token quota, budget reserve, route, generate, guard, settle) and directly to the
    replica's Generate with the pre-tokenized prompt; interleaved, prefix caching off. The router
-   as configured by default (the goal's verdict: ROUTER_TOKENIZE=speculate), and three variants
-   in the same run: admission before the cache lookup and generation instead of alongside them;
+   as configured by default (the goal's verdict: ROUTER_TOKENIZE=speculate, its files attested
+   by the tokenizer service, so prompts are counted in-process), and four variants in the same
+   run: speculation confirmed by the service on every request (attestation off, the default
+   before it); admission before the cache lookup and generation instead of alongside them;
    waiting for the tokenizer service before anything starts (ROUTER_TOKENIZE=service, the
    default before speculation); and tokenization in-process only (ROUTER_TOKENIZE=auto).
    Beside them, the router's call pattern with no logic at all (grpc_skeleton.py):
@@ -235,12 +237,28 @@ def _router(
     return proc
 
 
-def phase_means_ms(metrics_port: int) -> dict[str, float]:
-    """Mean time per router phase, from its Prometheus endpoint."""
+def _metrics_text(metrics_port: int) -> str:
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as reply:
-        text = reply.read().decode()
+        text: str = reply.read().decode()
+    return text
+
+
+async def _attested(router: Proc) -> None:
+    """Wait until the tokenizer service attests the router's files (its first poll)."""
+    assert router.metrics_port is not None
+    wanted = f'llm_router_tokenizer_attested{{model="{MODEL}"}} 1.0'
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while wanted not in _metrics_text(router.metrics_port):
+        if time.monotonic() > deadline:
+            raise RuntimeError("the tokenizer service never attested the router's files")
+        await asyncio.sleep(0.1)
+
+
+def phase_means_ms(metrics_port: int) -> dict[str, float]:
+    """Mean time per router phase, from its Prometheus endpoint."""
+    text = _metrics_text(metrics_port)
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
     for line in text.splitlines():
@@ -697,6 +715,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 targets = [replica.target]
                 routers = {
                     "router": _router(logdir, work, "router", deps, targets, "expected_wait"),
+                    "router_unattested": _router(
+                        logdir,
+                        work,
+                        "router-unattested",
+                        deps,
+                        targets,
+                        "expected_wait",
+                        ROUTER_TOKENIZER_ATTEST_INTERVAL_S="0",
+                    ),
                     "router_sequential_admission": _router(
                         logdir,
                         work,
@@ -726,6 +753,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     ),
                 }
                 async with running(list(routers.values()), logdir):
+                    await _attested(routers["router"])
                     overhead = await measure_overhead(deps, routers, replica, args.requests)
                     overhead["grpc_skeleton"] = await measure_skeleton(args.requests)
                     for name, router in routers.items():

@@ -12,6 +12,7 @@ import grpc
 from prometheus_client import Counter
 
 from llm_common.channels import make_channel
+from llm_common.deadlines import without_deadline
 from llm_common.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -22,6 +23,7 @@ from llm_common.errors import (
 )
 from llm_common.logging import get_logger
 from llm_common.resilience import AsyncBreaker, BreakerOpen
+from llm_router.attestation import Attestation
 from llm_router.batching import BatchShape, CallBatcher
 from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error, is_client_error
 from llm_router.load import LoadSnapshot
@@ -90,8 +92,9 @@ class TokenizerClient:
 
     Models that `local` serves are tokenized in-process (see local_tokenizer), the rest by the
     service. Models that `speculative` serves are tokenized both ways at once (`*_ids`): the
-    in-process ids come back at once, the service's as their confirmation. With a memo, an
-    identical prompt from the same tenant is answered from it (see TokenMemo).
+    in-process ids come back at once, the service's as their confirmation; while the service
+    attests the router's files (see attestation), in-process only, with a sampled audit. With
+    a memo, an identical prompt from the same tenant is answered from it (see TokenMemo).
     """
 
     service = "tokenizer"
@@ -104,8 +107,11 @@ class TokenizerClient:
         memo_counter: Counter | None = None,
         local: LocalTokenizer | None = None,
         speculative: LocalTokenizer | None = None,
+        attestation: Attestation | None = None,
     ) -> None:
         self._stub = tok_grpc.TokenizerServiceStub(channel)
+        self._attestation = attestation
+        self._audits: set[asyncio.Task[list[int]]] = set()  # strong references while running
         self._timeout_s = timeout_s
         self._memo = memo
         self._memo_counter = memo_counter
@@ -190,6 +196,8 @@ class TokenizerClient:
         fetch: Callable[[], Awaitable[list[int]]],
         guess: Coroutine[Any, Any, list[int]],
     ) -> PromptIds:
+        if self._attestation is not None and self._attestation.attested(model):
+            return await self._attested(model, fetch, guess)
         remembered = self._recall(key)
         if remembered is not None:  # the service's own ids, from the memo
             guess.close()
@@ -208,6 +216,49 @@ class TokenizerClient:
             raise
         confirm.add_done_callback(lambda done: self._judge(model, ids, done))
         return PromptIds(ids, confirm)
+
+    async def _attested(
+        self,
+        model: str,
+        fetch: Callable[[], Awaitable[list[int]]],
+        guess: Coroutine[Any, Any, list[int]],
+    ) -> PromptIds:
+        assert self._attestation is not None
+        try:
+            ids = await guess
+        except Exception:  # refused or failed in-process: the service decides, as speculating
+            return PromptIds(await fetch())
+        if self._attestation.audit():
+
+            async def check() -> list[int]:
+                return await fetch()
+
+            # Detached from the request (no deadline, no cancel): it only checks the claim.
+            audit = asyncio.get_running_loop().create_task(check(), context=without_deadline())
+            self._audits.add(audit)
+            audit.add_done_callback(lambda done: self._audited(model, ids, done))
+        return PromptIds(ids)
+
+    def _audited(self, model: str, guess: list[int], audit: asyncio.Task[list[int]]) -> None:
+        self._audits.discard(audit)
+        if audit.cancelled() or audit.exception() is not None:
+            return
+        assert self._attestation is not None
+        self._attestation.audited(model, equal=audit.result() == guess)
+
+    async def fingerprint(self, model: str) -> str:
+        """The service's tokenizer fingerprint of `model` (Info)."""
+        request = tok_pb.InfoRequest(model=model)
+        response = await _call(
+            self.service, lambda: self._stub.Info(request, timeout=self._timeout_s)
+        )
+        return response.fingerprint
+
+    async def aclose(self) -> None:
+        """Cancel the audits still in flight (shutdown)."""
+        for audit in list(self._audits):
+            audit.cancel()
+        await asyncio.gather(*self._audits, return_exceptions=True)
 
     def _judge(self, model: str, guess: list[int], confirm: asyncio.Future[list[int]]) -> None:
         if confirm.cancelled() or confirm.exception() is not None or confirm.result() == guess:

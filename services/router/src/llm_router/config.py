@@ -18,6 +18,7 @@ from llm_common.config import (
     env_optional_port,
     env_str,
 )
+from llm_router.attestation import AttestationSettings
 from llm_router.batching import MAX_BATCH_ITEMS
 from llm_router.local_tokenizer import TokenizeMode
 from llm_router.token_memo import MemoSettings
@@ -315,6 +316,7 @@ class Settings:
     http_port: int | None = None
     token_memo: MemoSettings = field(default_factory=MemoSettings)
     tokenize: TokenizeMode = TokenizeMode.SPECULATE
+    attestation: AttestationSettings = field(default_factory=AttestationSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -322,6 +324,7 @@ class Settings:
         ROUTER_POLICIES, ROUTER_OUTBOX_DIR, ROUTER_HTTP_HOST, ROUTER_HTTP_PORT (default off),
         ROUTER_TOKEN_MEMO_TOKENS / _TTL_S (the tokenization memo; 0 tokens = off),
         ROUTER_TOKENIZE (speculate | service | auto | local: see local_tokenizer),
+        ROUTER_TOKENIZER_ATTEST_INTERVAL_S / _AUDIT_RATE (see attestation),
         the *_SERVICE_ADDR variables and ROUTER_*;
         ConfigError names the offending variable."""
         server = ServerSettings.from_env(
@@ -343,6 +346,7 @@ class Settings:
             http_port=env_optional_port(environ, "ROUTER_HTTP_PORT", None),
             token_memo=_memo_from_env(environ),
             tokenize=_tokenize_mode(environ),
+            attestation=_attestation_from_env(environ),
         )
 
 
@@ -353,6 +357,18 @@ def _tokenize_mode(environ: Mapping[str, str]) -> TokenizeMode:
     except ValueError:
         choices = ", ".join(mode.value for mode in TokenizeMode)
         raise ConfigError.for_variable("ROUTER_TOKENIZE", f"must be one of {choices}") from None
+
+
+def _attestation_from_env(environ: Mapping[str, str]) -> AttestationSettings:
+    d = AttestationSettings()
+    return AttestationSettings(
+        interval_s=env_float(
+            environ, "ROUTER_TOKENIZER_ATTEST_INTERVAL_S", d.interval_s, min_value=0.0
+        ),
+        audit_rate=env_float(
+            environ, "ROUTER_TOKENIZER_AUDIT_RATE", d.audit_rate, min_value=0.0, max_value=1.0
+        ),
+    )
 
 
 def _memo_from_env(environ: Mapping[str, str]) -> MemoSettings:

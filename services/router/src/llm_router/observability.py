@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from opentelemetry import trace
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from llm_common.logging import get_logger
 
@@ -119,6 +119,20 @@ class RouterMetrics:
             "llm_router_tokenize_speculations",
             "Prompts tokenized in-process ahead of the tokenizer service, by the service's"
             " verdict (confirmed; mismatch: work restarted on the service's ids).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.tokenizer_attested = Gauge(
+            "llm_router_tokenizer_attested",
+            "1 while the tokenizer service's fingerprint of a model equals the router's own and"
+            " was seen recently: its prompts are counted in-process, with no call.",
+            ["model"],
+            registry=registry,
+        )
+        self.tokenizer_audits = Counter(
+            "llm_router_tokenizer_audits",
+            "Attested prompts also sent to the tokenizer service, by outcome (equal; different:"
+            " the model's attestation is revoked until restart).",
             ["outcome"],
             registry=registry,
         )

@@ -18,6 +18,7 @@ from llm_common.outbox import Outbox
 from llm_common.resilience import AsyncBreaker
 from llm_common.server import BuiltServer, ServiceSpec
 from llm_router.admission import Admitter
+from llm_router.attestation import Attestation, AttestationWatcher
 from llm_router.background import Background
 from llm_router.batching import BatchShape
 from llm_router.billing_outbox import BillingSpool
@@ -70,6 +71,8 @@ class Runtime:
     board: LoadBoard
     selector: ReplicaSelector
     watcher: LoadWatcher
+    attesting: AttestationWatcher
+    tokenizer: TokenizerClient
     spool: BillingSpool
     settler: Settler
     background: Background
@@ -83,6 +86,7 @@ class Runtime:
 
     async def start(self) -> None:
         self.watcher.start()
+        self.attesting.start()
         self.spool.start()
         if self.http_listen is not None:
             host, port, target = self.http_listen
@@ -94,6 +98,8 @@ class Runtime:
         if self.http is not None:  # no new HTTP requests while the rest drains
             await self.http.close()
         await self.watcher.stop()
+        await self.attesting.stop()
+        await self.tokenizer.aclose()
         # Settlements of the last requests still go out (or into the outbox) before exit:
         # the queued ones now, not after the batch wait.
         await self.settler.flush()
@@ -148,6 +154,16 @@ async def build_runtime(
     memo = TokenMemo(settings.token_memo) if settings.token_memo.max_tokens > 0 else None
     local = await asyncio.to_thread(load_local, catalog, settings.tokenize)
     speculate = settings.tokenize is TokenizeMode.SPECULATE
+    attestation = None
+    if speculate and local is not None:
+        fingerprints = {name: model.fingerprint for name, model in local.models.items()}
+        attestation = Attestation(
+            fingerprints,
+            settings.attestation,
+            attested_gauge=metrics.tokenizer_attested,
+            audits=metrics.tokenizer_audits,
+            rng=rng,
+        )
     tokenizer = TokenizerClient(
         channel(d.tokenizer_addr),
         d.call_timeout_s,
@@ -155,6 +171,7 @@ async def build_runtime(
         metrics.token_memo,
         local=None if speculate else local,
         speculative=local if speculate else None,
+        attestation=attestation,
     )
     reserve_batch = None
     if d.reserve_batch_max > 0:
@@ -259,6 +276,8 @@ async def build_runtime(
         board=board,
         selector=selector,
         watcher=watcher,
+        attesting=AttestationWatcher(attestation, tokenizer.fingerprint),
+        tokenizer=tokenizer,
         spool=spool,
         settler=settler,
         background=background,

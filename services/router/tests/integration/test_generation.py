@@ -5,6 +5,7 @@ quotas, budgets, the output guard and the error paths that need a tokenizer."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_common.errors import parse_error
 from llm_common.testing import LogCapture
+from llm_router.attestation import AttestationSettings
 from llm_router.identity import Caller as RouterCaller
 from llm_router.policies import parse_policies
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
@@ -434,8 +436,18 @@ async def test_auto_picks_the_model_that_fits(router: Router, stack: Stack) -> N
 
 
 async def test_identical_prompts_skip_the_tokenizer_per_tenant(
-    router: Router, stack: Stack
+    stack: Stack, tmp_path: Path
 ) -> None:
+    # The memo holds the service's ids: it serves routers whose files the service does not
+    # attest (here: never asked to), which confirm every prompt.
+    settings = router_settings(stack, tmp_path)
+    settings = dataclasses.replace(settings, attestation=AttestationSettings(interval_s=0.0))
+    catalog = with_deployments(stack.catalog, deployment("demo-local", stack.replica_addrs))
+    async with running_router(settings, catalog) as router:
+        await _identical_prompts_skip_the_tokenizer(router, stack)
+
+
+async def _identical_prompts_skip_the_tokenizer(router: Router, stack: Stack) -> None:
     first, second = await stack.tenant(), await stack.tenant()
 
     def memo(result: str) -> float:

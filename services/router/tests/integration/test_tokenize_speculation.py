@@ -21,6 +21,7 @@ from llm_common.models_config import ModelCatalog
 from llm_common.server import ServiceSpec
 from llm_common.testing import RunningServer, free_port, running_server, settings_for_tests
 from llm_common.tokenization.registry import load_registry
+from llm_router.attestation import AttestationSettings
 from llm_router.clients import TokenizerClient
 from llm_router.config import Settings
 from llm_router.local_tokenizer import TokenizeMode, load_local
@@ -50,6 +51,7 @@ USER, TOOL = common_pb2.ROLE_USER, common_pb2.ROLE_TOOL
 SPECULATIONS = "llm_router_tokenize_speculations_total"
 ABANDONED = "llm_router_abandoned_generations_total"
 ROUTED = "llm_router_routing_decisions_total"
+NEVER_ATTESTED = AttestationSettings(interval_s=0.0)
 
 
 def chat(text: str, max_tokens: int = 3) -> pb.ChatRequest:
@@ -60,12 +62,24 @@ def chat(text: str, max_tokens: int = 3) -> pb.ChatRequest:
     )
 
 
-def speculating(stack: Stack, workdir: Path, tokenizer_addr: str | None = None) -> Settings:
+def speculating(
+    stack: Stack,
+    workdir: Path,
+    tokenizer_addr: str | None = None,
+    attestation: AttestationSettings = NEVER_ATTESTED,
+) -> Settings:
+    """Speculation on every request: by default the service is never asked to attest the
+    router's files (test_tokenizer_attestation covers that)."""
     settings = router_settings(stack, workdir, cache=False)
     downstream = settings.downstream
     if tokenizer_addr is not None:
         downstream = dataclasses.replace(downstream, tokenizer_addr=tokenizer_addr)
-    return dataclasses.replace(settings, downstream=downstream, tokenize=TokenizeMode.SPECULATE)
+    return dataclasses.replace(
+        settings,
+        downstream=downstream,
+        tokenize=TokenizeMode.SPECULATE,
+        attestation=attestation,
+    )
 
 
 class GatedTokenizer(TokenizerServicer):
@@ -86,9 +100,9 @@ class GatedTokenizer(TokenizerServicer):
 
 @contextlib.asynccontextmanager
 async def gated_tokenizer(
-    catalog: ModelCatalog,
+    catalog: ModelCatalog, kind: type[GatedTokenizer] = GatedTokenizer
 ) -> AsyncIterator[tuple[RunningServer, GatedTokenizer]]:
-    servicer = GatedTokenizer(load_registry(catalog), TokenizerLimits())
+    servicer = kind(load_registry(catalog), TokenizerLimits())
 
     def register(server: grpc.aio.Server) -> None:
         tok_grpc.add_TokenizerServiceServicer_to_server(servicer, server)

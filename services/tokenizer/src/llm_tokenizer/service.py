@@ -104,6 +104,7 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
             max_context=model.max_context,
             special_tokens=[_special_token(t) for t in model.special_tokens],
             has_chat_template=not model.chat_template.is_default,
+            fingerprint=model.fingerprint,
         )
         # Left unset (not zero) when the model has no such token.
         if model.bos is not None:

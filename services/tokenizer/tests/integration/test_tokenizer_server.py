@@ -200,7 +200,9 @@ async def test_count_tokens(
     assert reply.total == len(templated.token_ids)
 
 
-async def test_info(stub: pb_grpc.TokenizerServiceAsyncStub, demo_tokenizer: Tokenizer) -> None:
+async def test_info(
+    stub: pb_grpc.TokenizerServiceAsyncStub, demo_tokenizer: Tokenizer, registry: Registry
+) -> None:
     info = await stub.Info(pb.InfoRequest(model="demo"))
     assert info.model == DEMO
     assert info.vocab_size == demo_tokenizer.get_vocab_size(with_added_tokens=True)
@@ -214,6 +216,12 @@ async def test_info(stub: pb_grpc.TokenizerServiceAsyncStub, demo_tokenizer: Tok
     assert not plain.has_chat_template
     assert not plain.HasField("bos")
     assert plain.HasField("eos")
+    # What a router compares with its own copy's (llm_router.attestation): the loaded files'.
+    demo, other = registry.get(DEMO), registry.get("plain")
+    assert demo is not None
+    assert other is not None
+    assert info.fingerprint == demo.fingerprint
+    assert plain.fingerprint == other.fingerprint != info.fingerprint
 
 
 def _call(stub: pb_grpc.TokenizerServiceAsyncStub, rpc: str) -> Callable[[Any], Any]:

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from llm_common.config import ConfigError
 from llm_common.models_config import ModelCatalog, ModelSpec
 from llm_common.tokenization.chat_template import ChatMessage, ChatTemplate
+from llm_common.tokenization.fingerprint import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,13 @@ TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 # special tokens only in special_tokens_map.json.
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 SPECIAL_TOKENS_MAP_FILE = "special_tokens_map.json"
+# Every file load_model may read: together they decide the ids.
+TOKENIZER_FILES = (
+    TOKENIZER_FILE,
+    TOKENIZER_CONFIG_FILE,
+    CHAT_TEMPLATE_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
+)
 # The named special tokens HF passes to chat templates (as `bos_token`, ...).
 NAMED_SPECIAL_TOKENS = (
     "bos_token",
@@ -64,6 +72,7 @@ class TokenizerModel:
     max_context: int
     named_tokens: Mapping[str, SpecialToken]
     special_tokens: tuple[SpecialToken, ...]
+    fingerprint: str  # see llm_common.tokenization.fingerprint
 
     @property
     def bos(self) -> SpecialToken | None:
@@ -139,6 +148,7 @@ def load_model(spec: ModelSpec) -> TokenizerModel:
         max_context=spec.context_length,
         named_tokens=named,
         special_tokens=_added_special_tokens(tokenizer),
+        fingerprint=fingerprint(directory, TOKENIZER_FILES),
     )
     log.info(
         "model loaded",

@@ -341,6 +341,7 @@ class InfoResponse(_message.Message):
     PAD_FIELD_NUMBER: _builtins.int
     SPECIAL_TOKENS_FIELD_NUMBER: _builtins.int
     HAS_CHAT_TEMPLATE_FIELD_NUMBER: _builtins.int
+    FINGERPRINT_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     vocab_size: _builtins.int
     """Number of ids, added tokens included; valid ids are [0, vocab_size)."""
@@ -348,6 +349,12 @@ class InfoResponse(_message.Message):
     """Maximum prompt + completion tokens of the model."""
     has_chat_template: _builtins.bool
     """False when the documented default template is used."""
+    fingerprint: _builtins.str
+    """Digest of everything that decides this model's token ids: its tokenizer files,
+    chat template and special tokens, and the versions of the tokenization code and
+    libraries. Two tokenizers with equal fingerprints return equal ids for equal
+    input, so a caller holding the same files may tokenize in-process instead.
+    """
     @_builtins.property
     def bos(self) -> Global___SpecialToken: ...
     @_builtins.property
@@ -369,10 +376,11 @@ class InfoResponse(_message.Message):
         pad: Global___SpecialToken | None = ...,
         special_tokens: _abc.Iterable[Global___SpecialToken] | None = ...,
         has_chat_template: _builtins.bool = ...,
+        fingerprint: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["bos", b"bos", "eos", b"eos", "pad", b"pad"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["bos", b"bos", "eos", b"eos", "has_chat_template", b"has_chat_template", "max_context", b"max_context", "model", b"model", "pad", b"pad", "special_tokens", b"special_tokens", "vocab_size", b"vocab_size"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bos", b"bos", "eos", b"eos", "fingerprint", b"fingerprint", "has_chat_template", b"has_chat_template", "max_context", b"max_context", "model", b"model", "pad", b"pad", "special_tokens", b"special_tokens", "vocab_size", b"vocab_size"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
