@@ -23,6 +23,7 @@ from llm_router.clients import BillingClient, QuotaClient
 from llm_router.identity import Caller
 from llm_router.observability import RouterMetrics
 from llm_router.policies import AdmissionPolicy
+from llm_router.quota_lease import Lease, QuotaLeases
 from llm_router.quota_memo import UnlimitedKeys
 from llm_router.settlement import Admission, Outcome, Settler
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
@@ -30,6 +31,11 @@ from llmapi.common.v1 import common_pb2
 
 _log = get_logger(__name__)
 NOTHING = Outcome(0, 0, 0, common_pb2.FINISH_REASON_UNSPECIFIED, produced=False)
+
+
+def is_idempotent(request_id: str) -> bool:
+    """Whether `request_id` (from billing_id) derives from the client's own request id."""
+    return request_id.startswith("i")
 
 
 def billing_id(caller: Caller, client_request_id: str, fingerprint: bytes) -> str:
@@ -94,6 +100,7 @@ class Admitter:
         refusals: RefusalMemo | None = None,
         unlimited: UnlimitedKeys | None = None,
         unbudgeted: UnlimitedKeys | None = None,
+        leases: QuotaLeases | None = None,
     ) -> None:
         self._quota = quota
         self._billing = billing
@@ -103,6 +110,7 @@ class Admitter:
         self.refusals = refusals or RefusalMemo()
         self._unlimited = unlimited or UnlimitedKeys(ttl_s=0.0)
         self._unbudgeted = unbudgeted or UnlimitedKeys(ttl_s=0.0)
+        self._leases = leases
 
     async def admit(
         self,
@@ -154,9 +162,11 @@ class Admitter:
             self._reserve_budget(admission, policy),
             return_exceptions=True,
         )
+        tokens_held, lease = quota if isinstance(quota, tuple) else (0, None)
         held = dataclasses.replace(
             admission,
-            quota_tokens=quota if isinstance(quota, int) else 0,
+            quota_tokens=tokens_held,
+            quota_lease=lease,
             billing_reserved=budget is True,
         )
         error = next((r for r in (quota, budget) if isinstance(r, BaseException)), None)
@@ -166,13 +176,26 @@ class Admitter:
             raise error
         return held
 
-    async def _reserve_quota(self, request_id: str, caller: Caller, tokens: int) -> int:
+    async def _reserve_quota(
+        self, request_id: str, caller: Caller, tokens: int
+    ) -> tuple[int, Lease | None]:
+        """(tokens held, the lease they are drawn from, if any)."""
         if self._quota is None or not caller.key_id:
-            return 0
+            return 0, None
         key = (caller.tenant_id, caller.key_id)
         if key in self._unlimited:
             self._metrics.quota_skipped.inc()
-            return 0
+            return 0, None
+        # Only fresh ids draw from a lease: a client's idempotent id reserves at auth, which
+        # charges a retry of the same request once.
+        if self._leases is not None and not is_idempotent(request_id):
+            lease = await self._leases.draw(caller.tenant_id, caller.key_id, tokens)
+            if lease is not None:
+                return tokens, lease
+        return await self._reserve_at_auth(request_id, caller, tokens), None
+
+    async def _reserve_at_auth(self, request_id: str, caller: Caller, tokens: int) -> int:
+        assert self._quota is not None
         try:
             grant = await self._quota.reserve(caller.tenant_id, caller.key_id, tokens, request_id)
         except NotFound:
@@ -186,9 +209,11 @@ class Admitter:
             _log.warning("token quota unavailable: admitted without a check")
             return 0
         if grant.limit > 0:
+            if self._leases is not None:
+                self._leases.learn(caller.tenant_id, caller.key_id, grant.limit)
             return tokens  # held: the unused part is refunded at the end
         if grant.enforced:  # unlimited (not a fail-open answer): skip auth for a while
-            self._unlimited.remember(*key)
+            self._unlimited.remember(caller.tenant_id, caller.key_id)
         return 0
 
     async def _reserve_budget(self, admission: Admission, policy: AdmissionPolicy) -> bool:

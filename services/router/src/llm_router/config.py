@@ -21,6 +21,7 @@ from llm_common.config import (
 from llm_router.attestation import AttestationSettings
 from llm_router.batching import MAX_BATCH_ITEMS
 from llm_router.local_tokenizer import TokenizeMode
+from llm_router.quota_lease import LeaseSettings
 from llm_router.token_memo import MemoSettings
 
 SERVICE_NAME = "router"
@@ -317,6 +318,7 @@ class Settings:
     token_memo: MemoSettings = field(default_factory=MemoSettings)
     tokenize: TokenizeMode = TokenizeMode.SPECULATE
     attestation: AttestationSettings = field(default_factory=AttestationSettings)
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -325,6 +327,7 @@ class Settings:
         ROUTER_TOKEN_MEMO_TOKENS / _TTL_S (the tokenization memo; 0 tokens = off),
         ROUTER_TOKENIZE (speculate | service | auto | local: see local_tokenizer),
         ROUTER_TOKENIZER_ATTEST_INTERVAL_S / _AUDIT_RATE (see attestation),
+        ROUTER_QUOTA_LEASE_S / _MAX_SHARE (see quota_lease),
         the *_SERVICE_ADDR variables and ROUTER_*;
         ConfigError names the offending variable."""
         server = ServerSettings.from_env(
@@ -347,6 +350,7 @@ class Settings:
             token_memo=_memo_from_env(environ),
             tokenize=_tokenize_mode(environ),
             attestation=_attestation_from_env(environ),
+            leases=_leases_from_env(environ),
         )
 
 
@@ -367,6 +371,16 @@ def _attestation_from_env(environ: Mapping[str, str]) -> AttestationSettings:
         ),
         audit_rate=env_float(
             environ, "ROUTER_TOKENIZER_AUDIT_RATE", d.audit_rate, min_value=0.0, max_value=1.0
+        ),
+    )
+
+
+def _leases_from_env(environ: Mapping[str, str]) -> LeaseSettings:
+    d = LeaseSettings()
+    return LeaseSettings(
+        lease_s=env_float(environ, "ROUTER_QUOTA_LEASE_S", d.lease_s, min_value=0.0),
+        max_share=env_float(
+            environ, "ROUTER_QUOTA_LEASE_MAX_SHARE", d.max_share, min_value=0.0, max_value=0.5
         ),
     )
 

@@ -122,6 +122,13 @@ class RouterMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.quota_leases = Counter(
+            "llm_router_quota_lease_events",
+            "Token-quota leases at auth by event: acquired, refused (the key is near its limit),"
+            " refunded, refund_failed; drawn counts the requests admitted from a lease.",
+            ["event"],
+            registry=registry,
+        )
         self.tokenizer_attested = Gauge(
             "llm_router_tokenizer_attested",
             "1 while the tokenizer service's fingerprint of a model equals the router's own and"

@@ -44,6 +44,7 @@ from llm_router.openai_http import OpenAIHttp, start_openai_http
 from llm_router.pipeline import Pipeline
 from llm_router.policies import PolicyBook, load_policies
 from llm_router.prefix import AffinityTable
+from llm_router.quota_lease import QuotaLeases
 from llm_router.quota_memo import UnlimitedKeys
 from llm_router.selection import ReplicaSelector
 from llm_router.service import LLMServicer, ServiceDeps
@@ -75,6 +76,7 @@ class Runtime:
     tokenizer: TokenizerClient
     spool: BillingSpool
     settler: Settler
+    leases: QuotaLeases | None
     background: Background
     settle_timeout_s: float
     channels: list[grpc.aio.Channel] = field(default_factory=list)
@@ -101,7 +103,10 @@ class Runtime:
         await self.attesting.stop()
         await self.tokenizer.aclose()
         # Settlements of the last requests still go out (or into the outbox) before exit:
-        # the queued ones now, not after the batch wait.
+        # the queued ones now, not after the batch wait; leases are refunded as their last
+        # request settles.
+        if self.leases is not None:
+            self.leases.close_all()
         await self.settler.flush()
         await self.background.drain(self.settle_timeout_s * 2)
         await self.spool.stop()
@@ -207,6 +212,15 @@ async def build_runtime(
             max_in_flight=d.settle_batch_in_flight,
             span_name="router.settle_batch",
         )
+    leases = None
+    if quota is not None and settings.leases.lease_s > 0:
+        leases = QuotaLeases(
+            quota,
+            settings.leases,
+            background=background,
+            events=metrics.quota_leases,
+            refund_timeout_s=d.settle_timeout_s,
+        )
     settler = Settler(
         billing,
         quota,
@@ -215,6 +229,7 @@ async def build_runtime(
         metrics=metrics,
         background=background,
         batcher=batcher,
+        leases=leases,
     )
     admitter = Admitter(
         quota,
@@ -224,6 +239,7 @@ async def build_runtime(
         quota_fail_open=d.quota_fail_open,
         unlimited=UnlimitedKeys(d.quota_unlimited_ttl_s),
         unbudgeted=UnlimitedKeys(d.billing_unbudgeted_ttl_s),
+        leases=leases,
     )
 
     router = ModelRouter(catalog, home_region=r.region, rng=rng)
@@ -280,6 +296,7 @@ async def build_runtime(
         tokenizer=tokenizer,
         spool=spool,
         settler=settler,
+        leases=leases,
         background=background,
         settle_timeout_s=d.settle_timeout_s,
         channels=channels,

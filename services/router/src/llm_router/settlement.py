@@ -14,6 +14,7 @@ from llm_common.logging import get_logger
 from llm_router.background import Background
 from llm_router.clients import BillingClient, QuotaClient, SettleBatcher
 from llm_router.observability import RouterMetrics
+from llm_router.quota_lease import Lease, QuotaLeases
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.common.v1 import common_pb2
 
@@ -41,6 +42,7 @@ class Admission:
     quota_tokens: int  # reserved at auth; 0 when not reserved (no auth, failed open)
     billing_reserved: bool  # False when admitted while billing was unreachable
     admitted_at_s: float  # epoch seconds
+    quota_lease: Lease | None = None  # where quota_tokens were drawn from, if not reserved
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class Settler:
         metrics: RouterMetrics,
         background: Background,
         batcher: SettleBatcher | None = None,
+        leases: QuotaLeases | None = None,
     ) -> None:
         self._billing = billing
         self._batcher = batcher
@@ -76,6 +79,7 @@ class Settler:
         self._timeout_s = timeout_s
         self._metrics = metrics
         self._background = background
+        self._leases = leases
 
     def submit(self, admission: Admission, outcome: Outcome) -> asyncio.Task[None]:
         """Settle `admission` with `outcome` in a background task (see Background)."""
@@ -142,6 +146,10 @@ class Settler:
 
     async def _refund(self, admission: Admission, outcome: Outcome) -> None:
         unused = admission.quota_tokens - (outcome.prompt_tokens + outcome.completion_tokens)
+        if admission.quota_lease is not None:
+            assert self._leases is not None
+            self._leases.release(admission.quota_lease, unused)  # back to the lease, no call
+            return
         if self._quota is None or admission.quota_tokens <= 0 or unused <= 0:
             return
         try:

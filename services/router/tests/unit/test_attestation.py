@@ -6,10 +6,8 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from llm_common.config import ConfigError
 from llm_common.errors import Unavailable
 from llm_router.attestation import Attestation, AttestationSettings
-from llm_router.config import Settings
 from llm_router.observability import RouterMetrics
 
 MODEL = "m"
@@ -125,24 +123,3 @@ def test_audit_rate_samples() -> None:
     assert not any(never.audit() for _ in range(1000))
     sampled = sum(made.audit() for _ in range(20_000))  # 1% by default
     assert 100 < sampled < 320
-
-
-def test_settings_from_env() -> None:
-    base = {
-        "TOKENIZER_SERVICE_ADDR": "t:1",
-        "BILLING_SERVICE_ADDR": "b:1",
-        "AUTH_SERVICE_ADDR": "a:1",
-        "CACHE_SERVICE_ADDR": "off",
-    }
-    settings = Settings.from_env(base)
-    assert settings.attestation == AttestationSettings(interval_s=2.0, audit_rate=0.01)
-    settings = Settings.from_env(
-        base | {"ROUTER_TOKENIZER_ATTEST_INTERVAL_S": "0", "ROUTER_TOKENIZER_AUDIT_RATE": "1"}
-    )
-    assert settings.attestation == AttestationSettings(interval_s=0.0, audit_rate=1.0)
-    for name, value in (
-        ("ROUTER_TOKENIZER_ATTEST_INTERVAL_S", "-1"),
-        ("ROUTER_TOKENIZER_AUDIT_RATE", "1.5"),
-    ):
-        with pytest.raises(ConfigError, match=name):
-            Settings.from_env(base | {name: value})
