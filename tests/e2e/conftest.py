@@ -150,7 +150,12 @@ def stack(
         log_level="INFO",
     )
     running = Stack(config)
-    endpoints = running.start()
+    with pytest.MonkeyPatch.context() as env:
+        # The router counts prompts itself while the tokenizer attests its files, so a request
+        # reaches the tokenizer only as a sampled audit: here every one is audited, and so
+        # every service has a part in each request's trace (test_stack_observability).
+        env.setenv("ROUTER_TOKENIZER_AUDIT_RATE", "1")
+        endpoints = running.start()
     fallback = None
     try:
         assert running.credentials is not None
