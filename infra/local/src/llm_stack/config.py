@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from llm_common.config import ConfigError, env_str
+from llm_common.ports import free_port
 from llm_envoy.layouts import LocalPorts
 from llm_envoy.topology import AUTH_EDGE_PORT, AUTH_HTTP_PORT, SERVICES, Endpoint
 from llm_stack.catalogue import local_replicas
@@ -42,13 +42,6 @@ class StackPorts:
 
     def replica_port(self, catalogue_port: int) -> int:
         return self.replicas.get(catalogue_port, catalogue_port)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def free_ports(catalogue_ports: tuple[int, ...]) -> StackPorts:
