@@ -1,6 +1,10 @@
 """Scenario (d): a slow tokenizer (LLM_FAULTS delay). Client deadlines are honoured end to end
 (the caller gets DEADLINE_EXCEEDED on time and the tokenizer's call is cut off too, with no
-retry), and calls that outlive Envoy's per-try timeout are retried within the retry budget."""
+retry), and calls that outlive Envoy's per-try timeout are retried within the retry budget.
+
+The router runs with attestation off here, so it asks the tokenizer for every prompt, as it
+does whenever the tokenizer's files differ from its own: with them attested it makes no
+per-request call that a slow tokenizer could hold up."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ NUM_RETRIES = 2
 BUDGET_MIN_CONCURRENCY = 5
 BUDGET_PERCENT = 20.0
 ALLOWED_CODES = {"DEADLINE_EXCEEDED", "UNAVAILABLE"}
+UNATTESTED = "ROUTER_TOKENIZER_ATTEST_INTERVAL_S"  # "0": every prompt goes to the tokenizer
 
 
 def _burst(stack: ChaosStack, channel: grpc.Channel, deadline_s: float) -> list[Outcome]:
@@ -70,6 +75,7 @@ def _delta(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 def test_slow_tokenizer_honours_deadlines_without_a_retry_storm(chaos_stack: ChaosStack) -> None:
     started = time.monotonic()
+    chaos_stack.restart("router", {UNATTESTED: "0"})
     chaos_stack.restart("tokenizer", {"LLM_FAULTS": FAULT})
     try:
         with grpc.insecure_channel(chaos_stack.edge) as channel:
@@ -77,6 +83,7 @@ def test_slow_tokenizer_honours_deadlines_without_a_retry_storm(chaos_stack: Cha
             budget_figures = _budget_phase(chaos_stack, channel)
     finally:
         chaos_stack.restart("tokenizer", {"LLM_FAULTS": None})
+        chaos_stack.restart("router", {UNATTESTED: None})
     with grpc.insecure_channel(chaos_stack.edge) as channel:
         assert chat(channel, chaos_stack.demo_key, "tokenizer fast again").code == "OK"
     record(
