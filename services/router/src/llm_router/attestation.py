@@ -48,10 +48,10 @@ class AttestationSettings:
         return self.interval_s * 2.5
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class _Verdict:
-    matches: bool = False
-    at: float = float("-inf")  # monotonic time of the service's last answer
+    matches: bool
+    at: float  # monotonic time of the service's last answer
 
 
 class Attestation:
