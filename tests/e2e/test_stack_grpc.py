@@ -77,6 +77,27 @@ def test_client_deadline_is_honoured(stack: RunningStack) -> None:
     assert time.monotonic() - started < 5
 
 
+def test_streams_cut_by_their_deadline_blame_no_replica(stack: RunningStack) -> None:
+    """A stream still running at the client's deadline ends DEADLINE_EXCEEDED, never with a
+    reset (INTERNAL from Envoy's timers), and the cut is not counted against the replica:
+    before, a few short deadlines excluded every replica and the next calls got UNAVAILABLE."""
+    outcomes = []
+    with grpc.insecure_channel(stack.edge) as channel:
+        stub = pb_grpc.LLMServiceStub(channel)
+        for i in range(12):
+            request = chat_request(f"Tell a long story {i}", max_tokens=1500, ignore_eos=True)
+            request.cache.bypass = True
+            call = stub.ChatStream(request, metadata=bearer(stack.demo_key), timeout=0.4)
+            received: list[pb.ChatStreamResponse] = []
+            with pytest.raises(grpc.RpcError) as err:
+                received.extend(call)  # keeps what arrived before the error
+            outcomes.append((err.value.code(), len(received)))
+        assert {code for code, _ in outcomes} == {grpc.StatusCode.DEADLINE_EXCEEDED}, outcomes
+        assert any(received for _, received in outcomes)  # some were cut mid-answer
+        final = stream_chat(channel, stack.demo_key, chat_request(max_tokens=4))[-1]
+    assert final.finish_reason in (common_pb2.FINISH_REASON_LENGTH, common_pb2.FINISH_REASON_STOP)
+
+
 def http(
     stack: RunningStack, path: str, body: dict[str, Any] | None, key: str | None
 ) -> tuple[int, dict[str, str], bytes]:

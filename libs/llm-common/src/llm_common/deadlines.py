@@ -9,11 +9,25 @@ from typing import overload
 
 # time.monotonic() value by which the RPC being handled must finish; None when unbounded.
 deadline_var: ContextVar[float | None] = ContextVar("llm_deadline", default=None)
+# The work of an RPC (its downstream calls) ends this much before the caller's deadline: its
+# DEADLINE_EXCEEDED then goes out as this RPC's status before any timer on the way fires. A
+# stream whose response has started is otherwise cut by whichever timer fires first, and
+# Envoy's cuts it with RST_STREAM, which the client reads as INTERNAL.
+CUSHION_MAX_S = 0.05
+CUSHION_SHARE = 0.1  # of the time left, for short deadlines
 
 
 def deadline_after(timeout_s: float | None) -> float | None:
     """The monotonic deadline `timeout_s` seconds from now (None stays None)."""
     return None if timeout_s is None else time.monotonic() + timeout_s
+
+
+def work_deadline(timeout_s: float | None) -> float | None:
+    """The deadline for an RPC's own work: `timeout_s` from now less the cushion (None stays
+    None)."""
+    if timeout_s is None:
+        return None
+    return time.monotonic() + timeout_s - min(CUSHION_MAX_S, CUSHION_SHARE * max(timeout_s, 0.0))
 
 
 def without_deadline(context: contextvars.Context | None = None) -> contextvars.Context:

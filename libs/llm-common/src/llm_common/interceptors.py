@@ -23,7 +23,7 @@ from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
-from llm_common.deadlines import deadline_after, deadline_var
+from llm_common.deadlines import deadline_var, work_deadline
 from llm_common.errors import FieldViolation, InvalidArgument, ServiceError
 from llm_common.logging import get_logger, request_id_var
 from llm_common.metrics import RpcMetrics, default_rpc_metrics, split_method
@@ -88,7 +88,7 @@ class _Call:
             else ServerSpan.start(method.tracer, method.full_name, metadata)
         )
         self._id_token = request_id_var.set(request_id_from(metadata))
-        self._deadline_token = deadline_var.set(deadline_after(context.time_remaining()))
+        self._deadline_token = deadline_var.set(work_deadline(context.time_remaining()))
         method.metrics.started(method.service, method.name)
         self._start = time.perf_counter()
         self._ended = False

@@ -7,6 +7,8 @@ call), a third of a whole loopback round trip.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -121,8 +123,17 @@ class ServerSpan:
 
     def detach(self) -> None:
         """Restore the context from before start() (in the context that started the span)."""
-        if otel_context.get_current() is self.context:
-            otel_context.detach(self.token)  # type: ignore[arg-type]
+        if otel_context.get_current() is not self.context:
+            return
+        token = self.token
+        if not isinstance(token, contextvars.Token):
+            otel_context.detach(token)  # type: ignore[arg-type]
+            return
+        # A cancelled stream's handler is closed from another context (a copy holds the same
+        # value, so the check above passes): there is nothing to restore there, and
+        # OpenTelemetry's detach would log it as an error on every client cancel.
+        with contextlib.suppress(ValueError):
+            token.var.reset(token)
 
     def finish(self, code: grpc.StatusCode | None) -> None:
         """Record the final status and end the span; any time, from any context."""

@@ -12,8 +12,9 @@ import grpc
 from prometheus_client import Counter
 
 from llm_common.channels import make_channel
-from llm_common.deadlines import without_deadline
+from llm_common.deadlines import deadline_var, without_deadline
 from llm_common.errors import (
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -53,6 +54,9 @@ _log = get_logger(__name__)
 # After an UNIMPLEMENTED ReserveBatch, how long Reserves stay unary before batching is tried
 # again (the billing may have been upgraded meanwhile).
 RESERVE_BATCH_RETRY_S = 60.0
+# A Generate stream that fails this close to its deadline (grpc-timeout is sent rounded) was
+# cut for time.
+DEADLINE_SLACK_S = 0.01
 # Business answers, not faults: they never trip a breaker.
 BUSINESS_ERRORS = (QuotaExceeded, InvalidArgument, NotFound, PermissionDenied, FailedPrecondition)
 
@@ -587,6 +591,7 @@ class GenerateCall:
         self.replica = replica
         self._call = call
         self._responses: AsyncIterator[inf_pb.GenerateResponse] = call.__aiter__()
+        self._deadline = deadline_var.get()  # the one the call went out with
 
     async def next(self) -> inf_pb.GenerateResponse | None:
         """The next message, or None when the stream ended normally."""
@@ -595,7 +600,15 @@ class GenerateCall:
         except StopAsyncIteration:
             return None
         except grpc.aio.AioRpcError as err:
+            if self._expired():
+                # Cut for time, whatever the status says: a proxy on the way (the mesh's
+                # Envoy) resets a stream whose deadline passed, which reads as INTERNAL.
+                # Counted as a replica failure, every short deadline would exclude a replica.
+                raise DeadlineExceeded("inference did not answer within the deadline") from None
             raise replica_error(self.replica, err) from None
+
+    def _expired(self) -> bool:
+        return self._deadline is not None and time.monotonic() >= self._deadline - DEADLINE_SLACK_S
 
     def cancel(self) -> None:
         """Cancel the stream: the replica frees the request's KV blocks at once."""
