@@ -114,12 +114,28 @@ def test_streams_and_generations_have_no_route_timeout_but_honour_grpc_timeout()
     edge = by_name(CONFIGS["local"], "edge_http")
     for method in LLM_METHODS:
         action = edge[method.name]["route"]
-        duration = action["max_stream_duration"]
-        assert "grpc_timeout_header_max" in duration
         if method.kind is not Kind.UNARY:
             assert action["timeout"] == "0s"
+        if method.kind is Kind.STREAM:
+            # No Envoy timer: the client's grpc-timeout reaches the router unchanged, which
+            # ends the stream with DEADLINE_EXCEEDED instead of Envoy resetting it.
+            assert "max_stream_duration" not in action
+            continue
+        duration = action["max_stream_duration"]
+        assert "grpc_timeout_header_max" in duration
+        if method.kind is Kind.LONG_UNARY:
             assert "max_stream_duration" in duration
     assert edge["ChatStream"]["route"]["idle_timeout"] == "60s"
+
+
+@pytest.mark.parametrize("flavour", list(CONFIGS))
+def test_no_stream_route_runs_a_stream_timer(flavour: str) -> None:
+    # Generate and WatchLoad on the mesh too: a timer there reset Generate at the deadline
+    # (read as a replica failure) and cut every WatchLoad stream after 600 s.
+    for route in routes(CONFIGS[flavour]):
+        path = route["match"].get("path", "")
+        if path.endswith(("Stream", "/Generate", "/WatchLoad", "/ExportUsage")):
+            assert "max_stream_duration" not in route["route"], path
 
 
 def test_generation_is_retried_only_when_it_cannot_have_started() -> None:

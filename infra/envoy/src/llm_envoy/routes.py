@@ -22,7 +22,8 @@ Config = dict[str, Any]
 SCOPE_COMPLETION = "completion:write"
 SCOPE_EMBEDDING = "embedding:read"
 SCOPE_ADMIN = "admin"
-# Streams longer than this are cut; a client's grpc-timeout below it is honoured.
+# Unary generations longer than this are cut; a client's grpc-timeout below it is honoured.
+# Streams have no Envoy timer (see route_action).
 MAX_STREAM_S = 600
 # Envoy retries only before the first response byte (trailers-only gRPC errors). These
 # conditions are safe for idempotent calls (every mesh call is idempotent by its id).
@@ -113,11 +114,16 @@ def _stream_duration(max_s: int) -> Config:
 
 
 def route_action(cluster: str, kind: Kind, *, retry_on: str, unary_timeout_s: float = 15) -> Config:
-    """Timeouts by kind: streams and generations are free of the 15 s default route timeout."""
+    """Timeouts by kind: streams and generations are free of the 15 s default route timeout.
+
+    A stream gets no Envoy timer at all: Envoy can only reset a stream that has started
+    (clients read RST_STREAM as INTERNAL), and with any max_stream_duration on the route it
+    rewrites the client's grpc-timeout. Without one the header reaches the service as sent,
+    which ends the stream with DEADLINE_EXCEEDED in-band; the idle timeout catches a stall.
+    """
     action: Config = {"cluster": cluster}
     if kind is Kind.STREAM:
         action |= {"timeout": "0s", "idle_timeout": "60s"}
-        action["max_stream_duration"] = _stream_duration(MAX_STREAM_S)
         action["retry_policy"] = retry_policy(retry_on, 2)
     elif kind is Kind.LONG_UNARY:
         # Nothing flows until the answer is complete, so the idle timer spans the whole call.
@@ -306,8 +312,8 @@ def _replica_routes(layout: Layout, inference: str) -> list[Config]:
         )
     routes = []
     for method in ("Generate", "WatchLoad"):
+        # No stream timer (see route_action): a WatchLoad stream lives as long as the router.
         action: Config = {"cluster": REPLICA_CLUSTER, "timeout": "0s", "idle_timeout": "120s"}
-        action["max_stream_duration"] = _stream_duration(MAX_STREAM_S)
         match = {"path": grpc_path(inference, method), "headers": has_header}
         routes.append(_route(match, action, per_filter, f"replica-{method}"))
     unary: Config = {"cluster": REPLICA_CLUSTER, "timeout": "120s"}
