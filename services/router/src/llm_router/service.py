@@ -257,7 +257,10 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         try:
             yield
         finally:
-            deadline_var.reset(token)
+            # A stream cancelled while its generator waits at a `yield` is closed later by
+            # the garbage collector, in another context: nothing to restore there.
+            with contextlib.suppress(ValueError):
+                deadline_var.reset(token)
 
 
 async def _close(chunks: AsyncGenerator[Chunk, None], generation: Generation) -> None:
