@@ -11,7 +11,7 @@ import pytest
 
 from llm_envoy import bootstrap, layouts
 from llm_envoy.clusters import REPLICA_CLUSTER
-from llm_envoy.filters import IDENTITY_HEADERS, NO_RATE_LIMIT_HEADER
+from llm_envoy.filters import AUTHZ_CONTENT_TYPE_HEADER, IDENTITY_HEADERS, NO_RATE_LIMIT_HEADER
 from llm_envoy.routes import LLM_METHODS, Kind
 from llm_envoy.topology import (
     AUTH_EDGE_HEALTH,
@@ -74,13 +74,20 @@ def test_edge_filter_order(flavour: str) -> None:
         assert order.index("ext_authz") < order.index("grpc_json_transcoder")
         assert order.index("grpc_json_transcoder") < order.index("ratelimit")
         assert order[-1] == "router"
-        removed = {
-            m["remove"]
+        mutations = [
+            m
             for f in hcm["http_filters"]
             if f["name"] == "envoy.filters.http.header_mutation"
             for m in f["typed_config"]["mutations"]["request_mutations"]
-        }
+        ]
+        removed = {m["remove"] for m in mutations if "remove" in m}
         assert {*IDENTITY_HEADERS, REPLICA_HEADER} <= removed
+        copied = {
+            m["append"]["header"]["key"]: m["append"]["header"]["value"]
+            for m in mutations
+            if "append" in m
+        }
+        assert copied == {AUTHZ_CONTENT_TYPE_HEADER: "%REQ(content-type)%"}
 
 
 def edge_filter(name: str, flavour: str = "local") -> Config:
@@ -260,6 +267,23 @@ def test_the_edge_strips_exactly_the_headers_auth_sets() -> None:
 
     assert IDENTITY_HEADERS == extauthz.IDENTITY_HEADERS
     assert NO_RATE_LIMIT_HEADER == extauthz.NO_RATE_LIMIT_HEADER
+    assert AUTHZ_CONTENT_TYPE_HEADER == extauthz.CONTENT_TYPE_HEADER
+
+
+@pytest.mark.parametrize("flavour", list(CONFIGS))
+def test_the_check_request_never_carries_the_grpc_content_type(flavour: str) -> None:
+    # With content-type application/grpc on the check, a check that cannot reach auth comes
+    # back as Envoy's gRPC-shaped local reply, HTTP 200, which ext_authz took for "allowed".
+    authz_filters = [
+        f["typed_config"]
+        for _, hcm in hcms(CONFIGS[flavour])
+        for f in hcm.get("http_filters", [])
+        if f["name"] == "envoy.filters.http.ext_authz"
+    ]
+    for authz in authz_filters:
+        allowed = {p["exact"] for p in authz["allowed_headers"]["patterns"]}
+        assert "content-type" not in allowed
+        assert AUTHZ_CONTENT_TYPE_HEADER in allowed
 
 
 @pytest.mark.parametrize("flavour", ["local", "k8s-edge"])

@@ -36,9 +36,14 @@ IDENTITY_HEADERS = (
     "x-allowed-models",
     NO_RATE_LIMIT_HEADER,
 )
-# Headers ext_authz needs: the credential, the requested model, and the content type (its
-# denial body is JSON for HTTP clients and plain text, i.e. grpc-message, for gRPC ones).
-AUTHZ_HEADERS = ("authorization", "x-api-key", "x-model", "content-type")
+# The client's content type, copied for auth (its denial body is JSON for HTTP clients and
+# plain text, i.e. grpc-message, for gRPC ones). Not content-type itself: with
+# `application/grpc` on the check request, a check that cannot reach auth comes back as
+# Envoy's gRPC-shaped local reply (HTTP 200 with grpc-status 14), which ext_authz's HTTP
+# client takes for "allowed": with auth down, gRPC calls went on with no identity.
+AUTHZ_CONTENT_TYPE_HEADER = "x-authz-content-type"
+# Headers ext_authz needs: the credential, the requested model, and the content type.
+AUTHZ_HEADERS = ("authorization", "x-api-key", "x-model", AUTHZ_CONTENT_TYPE_HEADER)
 # What auth's HTTP ext_authz may tell a denied client (the rest of its reply stays inside).
 AUTHZ_CLIENT_HEADERS = ("content-type", "www-authenticate", "retry-after")
 AUTHZ_TIMEOUT = "0.5s"
@@ -95,13 +100,20 @@ def health_check_filter() -> Config:
 
 
 def strip_identity_filter() -> Config:
-    """Client-sent identity headers go before ext_authz runs. Route-level
-    request_headers_to_remove would run after ext_authz and delete what it set."""
-    removals = [{"remove": h} for h in (*IDENTITY_HEADERS, REPLICA_HEADER)]
+    """Client-sent identity headers go before ext_authz runs (route-level
+    request_headers_to_remove would run after ext_authz and delete what it set), and the
+    content type is copied for the check (AUTHZ_CONTENT_TYPE_HEADER)."""
+    removals: list[Config] = [{"remove": h} for h in (*IDENTITY_HEADERS, REPLICA_HEADER)]
+    copy = {
+        "append": {
+            "header": {"key": AUTHZ_CONTENT_TYPE_HEADER, "value": "%REQ(content-type)%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }
+    }
     return _filter(
         "envoy.filters.http.header_mutation",
         "header_mutation",
-        mutations={"request_mutations": removals},
+        mutations={"request_mutations": [*removals, copy]},
     )
 
 

@@ -35,6 +35,9 @@ IDENTITY_HEADERS = (
     NO_RATE_LIMIT_HEADER,
 )
 MODEL_HEADER = "x-model"
+# The client's content type as the edge copies it for the check (the check request must not
+# carry `application/grpc` itself; see llm_envoy.filters), else content-type.
+CONTENT_TYPE_HEADER = "x-authz-content-type"
 MAX_MODEL_CHARS = 256
 METADATA_NAMESPACE = "envoy.filters.http.ext_authz"  # where Envoy files dynamic_metadata
 _OVERWRITE = base_pb2.HeaderValueOption.HeaderAppendAction.OVERWRITE_IF_EXISTS_OR_ADD
@@ -297,7 +300,8 @@ class AuthorizationServicer:
             # A model name longer than any real one cannot be allowed; cut it to bound work.
             authorize(principal, scopes, model[:MAX_MODEL_CHARS])
         except ServiceError as err:
-            grpc_request = headers.get("content-type", "").startswith("application/grpc")
+            content_type = headers.get(CONTENT_TYPE_HEADER) or headers.get("content-type", "")
+            grpc_request = content_type.startswith("application/grpc")
             d = denial(err, grpc_request=grpc_request)
             self._metrics.ext_authz_answer(d.http_status)
             return d

@@ -92,19 +92,25 @@ async def test_keep_alive_answers_each_request_with_the_shared_decision(
         status, headers, _ = await conn.ask("/authz/healthz", body=b"ignored")
         assert status == 200
         assert "x-tenant-id" not in headers
-        status, _, _ = await conn.ask("/authz/v1/chat", "content-type: application/grpc")
-        assert status == 401
+        status, headers, body = await conn.ask("/authz/v1/chat", "content-type: application/grpc")
+        assert (status, headers["content-type"]) == (401, "text/plain")  # becomes grpc-message
+        # The edge copies the client's content type into x-authz-content-type (the check
+        # itself must not carry application/grpc: see llm_envoy.filters).
+        status, headers, body = await conn.ask(
+            "/authz/v1/chat", "x-authz-content-type: application/grpc"
+        )
+        assert (status, headers["content-type"]) == (401, "text/plain")
         status, _, body = await conn.ask("/healthz")  # Envoy's active health check
         assert (status, body) == (200, b"ok\n")
     finally:
         conn.close()
     answers = auth.app.metrics.ext_authz
     assert answers.labels("200")._value.get() == 2
-    assert answers.labels("401")._value.get() == 1
+    assert answers.labels("401")._value.get() == 2
     # Timed and counted like the gRPC Check: every answered check is OK, denials included;
     # the listener's own health probe is not a check.
     checks = rpc_metrics.requests
-    assert checks.labels("ext_authz_http", "Check", "OK")._value.get() == 4
+    assert checks.labels("ext_authz_http", "Check", "OK")._value.get() == 5
     assert rpc_metrics.in_flight.labels("ext_authz_http", "Check")._value.get() == 0
 
 
