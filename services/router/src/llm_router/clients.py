@@ -601,9 +601,9 @@ class GenerateCall:
             return None
         except grpc.aio.AioRpcError as err:
             if self._expired():
-                # Cut for time, whatever the status says: a proxy on the way (the mesh's
-                # Envoy) resets a stream whose deadline passed, which reads as INTERNAL.
-                # Counted as a replica failure, every short deadline would exclude a replica.
+                # Cut for time, whatever the status says: a proxy on the way may reset a
+                # stream whose deadline passed (Envoy with a stream timer), read as INTERNAL.
+                # Counted as a replica failure, short deadlines would exclude every replica.
                 raise DeadlineExceeded("inference did not answer within the deadline") from None
             raise replica_error(self.replica, err) from None
 
