@@ -12,6 +12,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from llm_common.logging import (
     _SECRET_PATTERN,
     REDACTED,
+    LogThrottle,
     configure_logging,
     get_logger,
     request_id_var,
@@ -143,3 +144,15 @@ def test_a_closed_stream_never_fails_the_caller() -> None:
 )
 def test_prefilter_never_changes_what_is_scrubbed(text: str) -> None:
     assert scrub_text(text) == _SECRET_PATTERN.sub(REDACTED, text)
+
+
+def test_a_throttled_condition_logs_once_per_interval_and_counts_the_rest() -> None:
+    now = [100.0]
+    throttle = LogThrottle(interval_s=10.0, clock=lambda: now[0])
+    assert throttle.due() == 0  # the first occurrence is logged at once
+    assert [throttle.due() for _ in range(5)] == [None] * 5
+    now[0] += 9.9
+    assert throttle.due() is None
+    now[0] += 0.2
+    assert throttle.due() == 6  # logged again, saying how many were left out
+    assert throttle.due() is None

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import sys
-from collections.abc import MutableMapping
+import time
+from collections.abc import Callable, MutableMapping
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import structlog
@@ -220,3 +223,25 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     """A structlog logger named `name`; the stdlib logger of that name sets its level."""
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(name)
     return logger
+
+
+@dataclass(slots=True)
+class LogThrottle:
+    """At most one line per `interval_s` for a condition that repeats with every request (a
+    dependency down): the rest are counted, and the next line says how many were left out.
+    The metrics count every occurrence; the log only has to say that it is happening."""
+
+    interval_s: float = 10.0
+    clock: Callable[[], float] = time.monotonic
+    _next_at: float = -math.inf
+    _suppressed: int = 0
+
+    def due(self) -> int | None:
+        """None: stay quiet. Otherwise log now; the value is how many were left out since."""
+        now = self.clock()
+        if now < self._next_at:
+            self._suppressed += 1
+            return None
+        self._next_at = now + self.interval_s
+        suppressed, self._suppressed = self._suppressed, 0
+        return suppressed

@@ -18,7 +18,7 @@ from llm_common.errors import (
     QuotaExceeded,
     Unavailable,
 )
-from llm_common.logging import get_logger
+from llm_common.logging import LogThrottle, get_logger
 from llm_router.clients import BillingClient, QuotaClient
 from llm_router.identity import Caller
 from llm_router.observability import RouterMetrics
@@ -111,6 +111,9 @@ class Admitter:
         self._unlimited = unlimited or UnlimitedKeys(ttl_s=0.0)
         self._unbudgeted = unbudgeted or UnlimitedKeys(ttl_s=0.0)
         self._leases = leases
+        # One line per outage period, not per request (the degraded metric counts them all).
+        self._auth_down_log = LogThrottle()
+        self._billing_down_log = LogThrottle()
 
     async def admit(
         self,
@@ -206,7 +209,8 @@ class Admitter:
             if not self._quota_fail_open:
                 raise
             self._metrics.degraded.labels("auth", "admitted_unchecked").inc()
-            _log.warning("token quota unavailable: admitted without a check")
+            if (left_out := self._auth_down_log.due()) is not None:
+                _log.warning("token quota unavailable: admitted without a check", left_out=left_out)
             return 0
         if grant.limit > 0:
             if self._leases is not None:
@@ -243,7 +247,10 @@ class Admitter:
             if policy.billing_unavailable != "admit":
                 raise
             self._metrics.degraded.labels("billing", "admitted_unreserved").inc()
-            _log.warning("billing unavailable: admitted, usage goes to the outbox")
+            if (left_out := self._billing_down_log.due()) is not None:
+                _log.warning(
+                    "billing unavailable: admitted, usage goes to the outbox", left_out=left_out
+                )
             return False
         if reservation.unbudgeted:
             self._unbudgeted.remember(*unbudgeted)

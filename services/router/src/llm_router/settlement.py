@@ -10,7 +10,7 @@ from typing import Protocol
 from google.protobuf import timestamp_pb2
 
 from llm_common.errors import DeadlineExceeded, ServiceError, Unavailable
-from llm_common.logging import get_logger
+from llm_common.logging import LogThrottle, get_logger
 from llm_router.background import Background
 from llm_router.clients import BillingClient, QuotaClient, SettleBatcher
 from llm_router.observability import RouterMetrics
@@ -80,6 +80,7 @@ class Settler:
         self._metrics = metrics
         self._background = background
         self._leases = leases
+        self._spooled_log = LogThrottle()  # one line per outage period, not per request
 
     def submit(self, admission: Admission, outcome: Outcome) -> asyncio.Task[None]:
         """Settle `admission` with `outcome` in a background task (see Background)."""
@@ -142,7 +143,12 @@ class Settler:
             _log.exception("could not spool a settlement", billing_id=request.request_id)
             return
         self._metrics.settlements.labels("spooled").inc()
-        _log.warning("billing unavailable: settlement spooled", billing_id=request.request_id)
+        if (left_out := self._spooled_log.due()) is not None:
+            _log.warning(
+                "billing unavailable: settlement spooled",
+                billing_id=request.request_id,
+                left_out=left_out,
+            )
 
     async def _refund(self, admission: Admission, outcome: Outcome) -> None:
         unused = admission.quota_tokens - (outcome.prompt_tokens + outcome.completion_tokens)

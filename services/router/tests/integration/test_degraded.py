@@ -12,7 +12,7 @@ from google.protobuf import timestamp_pb2
 
 from llm_auth.testing import delete_prefix, unique_prefix
 from llm_common.errors import parse_error
-from llm_common.testing import free_port
+from llm_common.testing import LogCapture, free_port
 from llm_router.policies import parse_policies
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
@@ -42,7 +42,7 @@ def chat(max_tokens: int = 3) -> pb.ChatRequest:
 
 
 async def test_billing_down_admits_and_replays_from_the_outbox(
-    stack: Stack, redis_url: str, tmp_path: Path
+    stack: Stack, redis_url: str, tmp_path: Path, json_logs: LogCapture
 ) -> None:
     port = free_port()  # billing will come up here later
     caller = await stack.tenant()
@@ -56,14 +56,17 @@ async def test_billing_down_admits_and_replays_from_the_outbox(
     )
     prefix = unique_prefix()
     async with running_router(settings, catalog, policies) as router:
-        reply = await router.stub.Chat(chat(), metadata=caller.metadata)
-        assert reply.usage.completion_tokens == 3
+        replies = [await router.stub.Chat(chat(), metadata=caller.metadata) for _ in range(3)]
+        assert [r.usage.completion_tokens for r in replies] == [3, 3, 3]
         assert (
             router.metric(
                 "llm_router_degraded_total", dependency="billing", action="admitted_unreserved"
             )
-            == 1
+            == 3
         )
+        # One warning per outage period, not one per request (the metric counts each).
+        warned = json_logs.events("billing unavailable: admitted, usage goes to the outbox")
+        assert [line["left_out"] for line in warned] == [0]
 
         # A tenant whose policy rejects unmetered traffic gets UNAVAILABLE instead.
         with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -75,16 +78,19 @@ async def test_billing_down_admits_and_replays_from_the_outbox(
         outbox = router.runtime.spool.outbox
 
         async def spooled() -> bool:
-            return await outbox.pending() == 1
+            return await outbox.pending() == 3
 
         await wait_for(spooled)
         try:
             async with running_billing(redis_url, prefix, tmp_path, port=port) as billing:
-                await wait_for(lambda: _usage(billing.channel, caller.tenant), timeout_s=30.0)
-                total = await _usage(billing.channel, caller.tenant)
-                assert total is not None
-                assert total.prompt_tokens == reply.usage.prompt_tokens
-                assert total.completion_tokens == 3
+
+                async def replayed() -> billing_pb.UsageBucket | None:
+                    total = await _usage(billing.channel, caller.tenant)
+                    return total if total is not None and total.requests == 3 else None
+
+                total = await wait_for(replayed, timeout_s=30.0)
+                assert total.prompt_tokens == sum(r.usage.prompt_tokens for r in replies)
+                assert total.completion_tokens == 9
                 assert await outbox.pending() == 0
         finally:
             await delete_prefix(redis_url, prefix)
