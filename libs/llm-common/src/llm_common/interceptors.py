@@ -23,6 +23,7 @@ from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 from opentelemetry import trace
 
+from llm_common.context_tokens import restore
 from llm_common.deadlines import deadline_var, work_deadline
 from llm_common.errors import FieldViolation, InvalidArgument, ServiceError
 from llm_common.logging import get_logger, request_id_var
@@ -116,11 +117,7 @@ class _Call:
                 self._record_soon(code)
             else:
                 self._record(code)
-        try:
-            deadline_var.reset(self._deadline_token)
-            request_id_var.reset(self._id_token)
-        except ValueError:
-            pass  # a cancelled stream is closed from another context, which dies with it
+        restore(self._deadline_token, self._id_token)
 
     def _record(self, code: grpc.StatusCode) -> None:
         self._ended = True

@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable, MutableMapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import structlog
@@ -233,8 +233,8 @@ class LogThrottle:
 
     interval_s: float = 10.0
     clock: Callable[[], float] = time.monotonic
-    _next_at: float = -math.inf
-    _suppressed: int = 0
+    _next_at: float = field(default=-math.inf, init=False)
+    _suppressed: int = field(default=0, init=False)
 
     def due(self) -> int | None:
         """None: stay quiet. Otherwise log now; the value is how many were left out since."""

@@ -7,7 +7,6 @@ call), a third of a whole loopback round trip.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +22,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from llm_common.context_tokens import restore
 
 
 def configure_tracing(
@@ -126,14 +127,13 @@ class ServerSpan:
         if otel_context.get_current() is not self.context:
             return
         token = self.token
-        if not isinstance(token, contextvars.Token):
+        if isinstance(token, contextvars.Token):
+            # Not otel_context.detach: it logs an error when the handler ends in another
+            # context (a copy holds the same value, so the check above passes), which a
+            # cancelled stream does on every client cancel.
+            restore(token)
+        else:
             otel_context.detach(token)  # type: ignore[arg-type]
-            return
-        # A cancelled stream's handler is closed from another context (a copy holds the same
-        # value, so the check above passes): there is nothing to restore there, and
-        # OpenTelemetry's detach would log it as an error on every client cancel.
-        with contextlib.suppress(ValueError):
-            token.var.reset(token)
 
     def finish(self, code: grpc.StatusCode | None) -> None:
         """Record the final status and end the span; any time, from any context."""

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import timestamp_pb2
 
+from llm_common.context_tokens import restore
 from llm_common.deadlines import deadline_after, deadline_var
 from llm_common.errors import FieldViolation, InvalidArgument
 from llm_common.interceptors import new_request_id
@@ -257,10 +258,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         try:
             yield
         finally:
-            # A stream cancelled while its generator waits at a `yield` is closed later by
-            # the garbage collector, in another context: nothing to restore there.
-            with contextlib.suppress(ValueError):
-                deadline_var.reset(token)
+            restore(token)  # a cancelled stream may end in another context
 
 
 async def _close(chunks: AsyncGenerator[Chunk, None], generation: Generation) -> None:
