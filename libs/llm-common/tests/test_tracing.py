@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from opentelemetry import propagate, trace
 
-from llm_common.tracing import configure_tracing, context_headers, rpc_tracer, start_client_span
+from llm_common.tracing import (
+    configure_tracing,
+    context_headers,
+    rpc_tracer,
+    start_client_span,
+    unsampled_parent,
+)
 
 SAMPLED_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 UNSAMPLED_PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"
@@ -37,3 +43,27 @@ def test_client_span_continues_the_current_trace() -> None:
         child = start_client_span(tracer, "/a.B/C")
     assert child.get_span_context().trace_id == parent.get_span_context().trace_id
     assert child.is_recording()
+
+
+def test_an_unsampled_trace_gets_no_client_spans_but_keeps_its_ids() -> None:
+    tracer = rpc_tracer(configure_tracing("svc", None, set_global=False))
+    parent = tracer.start_span(
+        "parent", context=propagate.extract({"traceparent": UNSAMPLED_PARENT})
+    )
+    with trace.use_span(parent):
+        assert unsampled_parent() is parent
+        child = start_client_span(tracer, "/a.B/C")
+        headers = dict(context_headers(child))
+    assert child is parent  # no span built that nothing would record
+    assert headers["traceparent"].startswith("00-0af7651916cd43dd8448eb211c80319c-")
+    assert headers["traceparent"].endswith("-00")
+
+
+def test_without_a_current_span_the_sampler_still_decides() -> None:
+    # No trace yet: a root is started, so an exporting provider records it as before.
+    assert unsampled_parent() is None
+    provider = configure_tracing("svc", "127.0.0.1:4317", set_global=False)
+    try:
+        assert start_client_span(rpc_tracer(provider), "/a.B/C").is_recording()
+    finally:
+        provider.shutdown()  # nothing was ended, so nothing is exported

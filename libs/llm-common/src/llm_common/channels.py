@@ -100,7 +100,8 @@ class _Outgoing:
         except BaseException:
             end_client_span(span, None)
             raise
-        call.add_done_callback(lambda done: end_client_span(span, _status_now(done)))
+        if span.is_recording():  # else nothing to end: see tracing.unsampled_parent
+            call.add_done_callback(lambda done: end_client_span(span, _status_now(done)))
         return call
 
 

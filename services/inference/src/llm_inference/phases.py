@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from opentelemetry import trace
 
+from llm_common.tracing import unsampled_parent
 from llm_inference.engine.api import TokenEvent
 
 _tracer = trace.get_tracer(__name__)
@@ -17,7 +18,7 @@ def record_phases(arrival_ns: int, event: TokenEvent, tracer: trace.Tracer | Non
     explicit start and end times, so the step loop never touches tracing.
     """
     timings = event.timings
-    if timings is None:
+    if timings is None or unsampled_parent() is not None:  # nothing would be recorded
         return
     queue_end = arrival_ns + int(timings.queue_ms * _MS)
     first_token = arrival_ns + int(timings.ttft_ms * _MS)

@@ -13,6 +13,7 @@ from opentelemetry import trace
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from llm_common.logging import get_logger
+from llm_common.tracing import unsampled_parent
 
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -158,15 +159,22 @@ def phase(metrics: RouterMetrics, name: str, **attributes: Any) -> Iterator[trac
     Only for code without `yield` inside: a current span must not outlive its task switch.
     """
     start = time.perf_counter()
-    with _tracer.start_as_current_span(f"router.{name}", attributes=attributes) as span:
-        try:
+    unsampled = unsampled_parent()
+    try:
+        if unsampled is not None:  # no span would be recorded: skip making one
+            yield unsampled
+            return
+        with _tracer.start_as_current_span(f"router.{name}", attributes=attributes) as span:
             yield span
-        finally:
-            metrics.phase.labels(name).observe(time.perf_counter() - start)
+    finally:
+        metrics.phase.labels(name).observe(time.perf_counter() - start)
 
 
 def start_span(name: str, **attributes: Any) -> trace.Span:
     """A span that is not made current, for phases that stream (end it explicitly)."""
+    unsampled = unsampled_parent()
+    if unsampled is not None:
+        return unsampled
     return _tracer.start_span(f"router.{name}", attributes=attributes)
 
 
