@@ -237,6 +237,22 @@ async def test_quiet_methods_log_at_debug_and_inner_handlers_are_not_cached(
     assert sample("llm_rpc_requests_total", {"service": QUIET, "method": "Echo", "code": "OK"}) == 2
 
 
+async def test_self_logged_methods_keep_only_their_failures_at_info(
+    registry: CollectorRegistry, json_logs: LogCapture
+) -> None:
+    base = bytes_service(QUIET, unary={"Echo": echo})
+    spec = replace(
+        base, logged_methods=frozenset({f"/{QUIET}/Echo"}), interceptors=[DenyOddCalls()]
+    )
+    async with running_server(spec, metrics=RpcMetrics(registry)) as server:
+        echo_call = bytes_unary(server.channel, f"/{QUIET}/Echo")
+        assert await echo_call(b"a") == b"a"
+        with pytest.raises(grpc.aio.AioRpcError):
+            await echo_call(b"b", metadata=(("deny", "1"),))
+    levels = {(line["code"], line["level"]) for line in json_logs.events("rpc")}
+    assert levels == {("OK", "debug"), ("PERMISSION_DENIED", "info")}
+
+
 async def endless(request: bytes, context: Context) -> AsyncIterator[bytes]:
     while True:
         yield b"tick"

@@ -69,6 +69,7 @@ class _Method:
     service: str
     name: str
     quiet: bool
+    logged: bool  # the service logs its successful calls itself: their line is DEBUG
     metrics: RpcMetrics
     tracer: trace.Tracer | None  # None: no span (probes, reflection)
 
@@ -158,7 +159,7 @@ def _final_code(context: Context, error: BaseException | None) -> grpc.StatusCod
 
 
 def _access_log(method: _Method, code: str, duration: float, peer: str) -> None:
-    if method.quiet:
+    if method.quiet or (method.logged and code == "OK"):
         level = logging.DEBUG
     else:
         level = logging.WARNING if code in _SERVER_FAULTS else logging.INFO
@@ -289,7 +290,9 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
 
     ServiceError becomes its google.rpc status; anything unexpected becomes a generic INTERNAL
     whose cause is logged with its traceback, never sent to the client. `quiet_methods` (full
-    names) log at DEBUG, for hot paths such as Envoy's ext_authz checks.
+    names) log at DEBUG, for hot paths such as Envoy's ext_authz checks; `logged_methods` log
+    their successful calls at DEBUG, for methods whose service writes a richer line of its own
+    (failures, which it may not see, keep theirs).
     """
 
     def __init__(
@@ -297,10 +300,12 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         metrics: RpcMetrics | None = None,
         quiet_methods: Iterable[str] = (),
         tracer_provider: trace.TracerProvider | None = None,
+        logged_methods: Iterable[str] = (),
     ) -> None:
         self._metrics = metrics
         self._tracer_provider = tracer_provider
         self._quiet = frozenset(quiet_methods)
+        self._logged = frozenset(logged_methods)
         # method -> (handler seen, its wrapper); an inner interceptor that builds a handler per
         # call simply misses, so the cache never serves a stale or foreign handler.
         self._handlers: dict[str, tuple[Any, grpc.RpcMethodHandler[Any, Any]]] = {}
@@ -332,4 +337,5 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         quiet = probe or full_name in self._quiet
         metrics = self._metrics or default_rpc_metrics()
         tracer = None if probe else rpc_tracer(self._tracer_provider)
-        return _Method(full_name, service, name, quiet, metrics, tracer)
+        logged = full_name in self._logged
+        return _Method(full_name, service, name, quiet, logged, metrics, tracer)

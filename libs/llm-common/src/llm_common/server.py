@@ -41,6 +41,8 @@ class ServiceSpec:
     interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default=())  # run innermost
     # Full method names whose access log line is DEBUG (hot paths such as ext_authz Check).
     quiet_methods: frozenset[str] = frozenset()
+    # Full method names whose successful calls the service logs itself: their line is DEBUG.
+    logged_methods: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +69,10 @@ def default_interceptors(
     metrics: RpcMetrics | None = None,
     tracer_provider: trace.TracerProvider | None = None,
     quiet_methods: frozenset[str] = frozenset(),
+    logged_methods: frozenset[str] = frozenset(),
 ) -> list[grpc.aio.ServerInterceptor]:
     """The span, request id, deadline, access log, metrics and errors: one interceptor."""
-    return [CallInterceptor(metrics, quiet_methods, tracer_provider)]
+    return [CallInterceptor(metrics, quiet_methods, tracer_provider, logged_methods)]
 
 
 def build_server(
@@ -87,7 +90,9 @@ def build_server(
     """
     server = grpc.aio.server(
         interceptors=[
-            *default_interceptors(metrics, tracer_provider, spec.quiet_methods),
+            *default_interceptors(
+                metrics, tracer_provider, spec.quiet_methods, spec.logged_methods
+            ),
             *spec.interceptors,
         ],
         options=server_options(settings),

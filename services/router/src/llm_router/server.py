@@ -54,6 +54,11 @@ from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["LLMService"].full_name
+# Their successful calls get the router's own access line (observability.access_log: model,
+# tokens, cache, replica, timings), so the interceptor's plain `rpc` line would only repeat it.
+SELF_LOGGED_METHODS = frozenset(
+    f"/{SERVICE_NAME}/{m}" for m in ("Chat", "ChatStream", "Complete", "CompleteStream", "Embed")
+)
 OUTBOX_FILE = "billing-outbox.sqlite3"
 
 
@@ -122,7 +127,11 @@ class Runtime:
             pb_grpc.add_LLMServiceServicer_to_server(servicer, server)
 
         return ServiceSpec(
-            service_names=(SERVICE_NAME,), register=register, on_start=self.start, on_stop=self.stop
+            service_names=(SERVICE_NAME,),
+            register=register,
+            on_start=self.start,
+            on_stop=self.stop,
+            logged_methods=SELF_LOGGED_METHODS,
         )
 
 
