@@ -200,12 +200,16 @@ class TokenizerClient:
         fetch: Callable[[], Awaitable[list[int]]],
         guess: Coroutine[Any, Any, list[int]],
     ) -> PromptIds:
-        if self._attestation is not None and self._attestation.attested(model):
-            return await self._attested(model, fetch, guess)
         remembered = self._recall(key)
-        if remembered is not None:  # the service's own ids, from the memo
+        if remembered is not None:  # the service's own ids (or attested ones), from the memo
             guess.close()
             return PromptIds(remembered)
+        if self._attestation is not None and self._attestation.attested(model):
+            prompt = await self._attested(model, fetch, guess)
+            # Attested ids are the service's by its own fingerprint; a repeat (a cache hit, a
+            # retry) then skips the template and the tokenizer. A differing audit clears them.
+            self._remember(key, prompt.ids)
+            return prompt
         confirm = asyncio.ensure_future(self._fetch_into_memo(key, fetch))
         confirm.add_done_callback(_retrieve)
         try:
@@ -248,7 +252,10 @@ class TokenizerClient:
         if audit.cancelled() or audit.exception() is not None:
             return
         assert self._attestation is not None
-        self._attestation.audited(model, equal=audit.result() == guess)
+        equal = audit.result() == guess
+        if not equal and self._memo is not None:
+            self._memo.clear()  # it may hold attested ids that were not the service's
+        self._attestation.audited(model, equal=equal)
 
     async def fingerprint(self, model: str) -> str:
         """The service's tokenizer fingerprint of `model` (Info)."""
@@ -293,9 +300,12 @@ class TokenizerClient:
         self, key: bytes, fetch: Callable[[], Awaitable[list[int]]]
     ) -> list[int]:
         ids = await fetch()
+        self._remember(key, ids)
+        return ids
+
+    def _remember(self, key: bytes, ids: list[int]) -> None:
         if self._memo is not None:
             self._memo.put(key, ids)
-        return ids
 
 
 def _chat_parts(

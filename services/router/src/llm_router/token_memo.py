@@ -69,6 +69,10 @@ class TokenMemo:
         while self._held > self._settings.max_tokens:
             self._drop(next(iter(self._entries)))
 
+    def clear(self) -> None:
+        self._entries.clear()
+        self._held = 0
+
     def _drop(self, key: bytes) -> None:
         _, ids = self._entries.pop(key)
         self._held -= len(ids)

@@ -33,6 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")
 QUICK = AttestationSettings(interval_s=0.2, audit_rate=0.0)  # answers older than 0.5 s void
 ATTESTED = "llm_router_tokenizer_attested"
 AUDITS = "llm_router_tokenizer_audits_total"
+MEMO = "llm_router_token_memo_lookups_total"
 
 
 def attested(router: Router) -> float:
@@ -72,6 +73,23 @@ async def test_attested_prompts_make_no_tokenizer_call(stack: Stack, tmp_path: P
     assert [r.usage.prompt_tokens for r in replies] == expected
     usage = await billed(stack, caller.tenant, 3)
     assert usage.prompt_tokens == sum(expected)
+
+
+async def test_an_attested_repeat_is_not_tokenized_again(stack: Stack, tmp_path: Path) -> None:
+    catalog = deployed(stack.catalog, deployment("d", stack.replica_addrs))
+    caller = await stack.tenant()
+    request = chat("Asked twice")
+    async with gated_tokenizer(stack.catalog) as (tokenizer, counting):
+        counting.gate.set()
+        settings = speculating(stack, tmp_path, tokenizer.target, QUICK)
+        async with running_router(settings, catalog) as router:
+            await until_attested(router)
+            replies = [await router.stub.Chat(request, metadata=caller.metadata) for _ in "ab"]
+            memo = {r: router.metric(MEMO, result=r) for r in ("hit", "miss")}
+    assert counting.waiting == 0
+    assert memo == {"hit": 1, "miss": 1}  # the second took the first's ids from the memo
+    expected = len(await service_ids(stack, request))
+    assert [r.usage.prompt_tokens for r in replies] == [expected, expected]
 
 
 async def test_other_files_are_confirmed_every_time(stack: Stack, tmp_path: Path) -> None:
