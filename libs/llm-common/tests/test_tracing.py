@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import grpc
 from opentelemetry import propagate, trace
 
 from llm_common.tracing import (
+    ServerSpan,
     configure_tracing,
     context_headers,
     rpc_tracer,
@@ -67,3 +69,18 @@ def test_without_a_current_span_the_sampler_still_decides() -> None:
         assert start_client_span(rpc_tracer(provider), "/a.B/C").is_recording()
     finally:
         provider.shutdown()  # nothing was ended, so nothing is exported
+
+
+def test_a_server_span_in_an_unsampled_trace_is_the_callers_context() -> None:
+    tracer = rpc_tracer(configure_tracing("svc", None, set_global=False))
+    for parent, recorded in ((UNSAMPLED_PARENT, False), (SAMPLED_PARENT, True)):
+        served = ServerSpan.start(tracer, "/a.B/C", [("traceparent", parent)])
+        try:
+            current = trace.get_current_span().get_span_context()
+            assert current.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+            assert served.span.is_recording() is recorded
+            # Unsampled: nothing new was built, the caller's span stays current.
+            assert (current.span_id == 0xB7AD6B7169203331) is not recorded
+        finally:
+            served.end(grpc.StatusCode.OK)
+    assert not trace.get_current_span().get_span_context().is_valid  # both detached

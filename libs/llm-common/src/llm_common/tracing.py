@@ -108,6 +108,10 @@ class ServerSpan:
         """Continue the caller's trace from `metadata` (or start one) and make it current."""
         carrier = {k: v for k, v in metadata or () if k in _CONTEXT_KEYS and isinstance(v, str)}
         parent = propagate.extract(carrier) if carrier else None
+        if parent is not None and _unsampled(trace.get_current_span(parent)):
+            # The caller's trace is not recorded, so no span of ours would be: its context
+            # (trace id for the logs, traceparent for the next hop) is all there is to carry.
+            return cls(trace.get_current_span(parent), otel_context.attach(parent), parent)
         span = tracer.start_span(
             full_method,
             context=parent,
@@ -161,10 +165,12 @@ def unsampled_parent() -> trace.Span | None:
     no-op, and its context carries the same trace id to the next hop and to the logs.
     """
     span = trace.get_current_span()
+    return span if _unsampled(span) else None
+
+
+def _unsampled(span: trace.Span) -> bool:
     context = span.get_span_context()
-    if context.is_valid and not context.trace_flags.sampled and not span.is_recording():
-        return span
-    return None
+    return context.is_valid and not context.trace_flags.sampled and not span.is_recording()
 
 
 def start_client_span(tracer: trace.Tracer, full_method: str) -> trace.Span:
