@@ -257,9 +257,28 @@ def _prompt(payload: Payload) -> str:
         return prompt[0]
     if isinstance(prompt, str) and prompt:
         return prompt
+    if _token_id_prompt(prompt):
+        raise invalid(
+            "prompts given as token ids are not supported; send the prompt as text",
+            "prompt",
+            "unsupported_parameter",
+        )
     if isinstance(prompt, list) and len(prompt) > 1:
         raise invalid("only one prompt per request is supported", "prompt", "unsupported_parameter")
     raise invalid("prompt must be a non-empty string", "prompt")
+
+
+def _token_id_prompt(prompt: object) -> bool:
+    """OpenAI's token-id prompt forms, [1, 2, 3] and [[1, 2], [3]] (not several texts)."""
+    if not isinstance(prompt, list) or not prompt:
+        return False
+    if all(_is_token_id(t) for t in prompt):
+        return True
+    return all(isinstance(p, list) and p and all(_is_token_id(t) for t in p) for p in prompt)
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def completion_call(payload: Payload) -> GenerationCall:

@@ -121,6 +121,24 @@ def test_defaults_of_unsupported_parameters_are_accepted() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("prompt", "says"),
+    [
+        ([1, 2, 3], "token ids"),
+        ([[1, 2], [3]], "token ids"),
+        (["a", "b"], "only one prompt"),
+        ([True, False], "only one prompt"),  # bools are no token ids
+        ([[1], "b"], "only one prompt"),
+    ],
+)
+def test_a_token_id_prompt_is_named_as_such(prompt: list[Any], says: str) -> None:
+    with pytest.raises(OpenAIError) as err:
+        translate.completion_call({"model": "demo", "prompt": prompt})
+    assert err.value.status == 400
+    assert err.value.param == "prompt"
+    assert says in err.value.body()["error"]["message"]
+
+
 def test_completion_takes_one_prompt() -> None:
     call = translate.completion_call(
         {"model": "demo", "prompt": ["Once"], "max_tokens": 3, "logprobs": 0}
