@@ -108,11 +108,12 @@ class ServerSpan:
         """Continue the caller's trace from `metadata` (or start one) and make it current."""
         carrier = {k: v for k, v in metadata or () if k in _CONTEXT_KEYS and isinstance(v, str)}
         parent = propagate.extract(carrier) if carrier else None
-        caller = trace.get_current_span(parent) if parent is not None else None
-        if parent is not None and caller is not None and _unsampled(caller):
-            # The caller's trace is not recorded, so no span of ours would be: its context
-            # (trace id for the logs, traceparent for the next hop) is all there is to carry.
-            return cls(caller, otel_context.attach(parent), parent)
+        if parent is not None:
+            caller = trace.get_current_span(parent)
+            if _unsampled(caller):
+                # The caller's trace is not recorded, so no span of ours would be: its context
+                # (trace id for the logs, traceparent for the next hop) is all it carries.
+                return cls(caller, otel_context.attach(parent), parent)
         span = tracer.start_span(
             full_method,
             context=parent,
