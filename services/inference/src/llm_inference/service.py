@@ -21,6 +21,7 @@ from llm_common.errors import (
 from llm_common.logging import get_logger
 from llm_inference import convert, validation
 from llm_inference.config import Limits
+from llm_inference.delivery import Grouped
 from llm_inference.deployment import ModelFacts
 from llm_inference.embedding.runtime import EmbeddingRuntime
 from llm_inference.engine.api import (
@@ -69,6 +70,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self._metrics = metrics
         self._replica_id = replica_id
         self._sequence = itertools.count()
+        self._running: dict[str, set[str]] = {}  # caller's request_id -> engine ids
 
     # Method names are the contract's RPC names, hence the noqa N802.
     async def Generate(  # noqa: N802
@@ -87,8 +89,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             raise _service_error(given.request_id, exc) from exc
         last: TokenEvent | None = None
         failed = False
+        self._running.setdefault(given.request_id, set()).add(engine_id)
+        messages = Grouped(events, given.delivery)
         try:
-            async for event in events:
+            async for event in messages:
                 last = event
                 yield convert.generate_response(
                     event, detokenize=given.detokenize, token_text=generation.token_text
@@ -101,12 +105,27 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             failed = True
             raise _service_error(given.request_id, exc) from exc
         finally:
+            self._forget(given.request_id, engine_id)
             if last is None or last.finish_reason is None:
                 # Client cancel, deadline or failure: free the KV blocks now, not at GC.
                 generation.backend.abort(engine_id)
                 if not failed:
-                    self._metrics.abandoned(0 if last is None else last.completion_tokens)
+                    self._metrics.abandoned(messages.generated)
+            await messages.aclose()
             await _aclose(events)  # closing the engine's stream aborts the request too
+
+    async def Stop(  # noqa: N802
+        self, request: pb.StopRequest, context: Context
+    ) -> pb.StopResponse:
+        request_id = validation.stop_request_id(request)
+        generation = self._generation()
+        engine_ids = tuple(self._running.get(request_id, ()))
+        for engine_id in engine_ids:
+            # The stream ends with a CANCELLED event that carries what it held and the count.
+            generation.backend.abort(engine_id)
+        if engine_ids:
+            _log.info("stop", request_id=request_id, streams=len(engine_ids))
+        return pb.StopResponse(stopped=len(engine_ids))
 
     async def Embed(  # noqa: N802
         self, request: pb.EmbedRequest, context: Context
@@ -171,6 +190,13 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             f"{rpc} needs a {needed} deployment; this replica serves {served} model {self._model}",
             [PreconditionViolation("MODEL_KIND", self._model, f"model kind is {served}")],
         )
+
+    def _forget(self, request_id: str, engine_id: str) -> None:
+        engine_ids = self._running.get(request_id)
+        if engine_ids is not None:
+            engine_ids.discard(engine_id)
+            if not engine_ids:
+                del self._running[request_id]
 
     def _finished(self, request_id: str, event: TokenEvent) -> None:
         self._metrics.finished(event)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from llm_common.validation import Violations, check_range, check_repeated, check_text
 from llm_inference.config import Limits
+from llm_inference.delivery import MAX_HOLD_MS, MAX_TOKENS_PER_MESSAGE, Delivery
 from llm_inference.deployment import ModelFacts
 from llm_inference.engine.api import SamplingOptions
 from llmapi.common.v1 import common_pb2
@@ -29,6 +30,7 @@ class GenerateInput:
     sampling: SamplingOptions
     priority: int
     detokenize: bool
+    delivery: Delivery
 
 
 def generate_input(request: pb.GenerateRequest, facts: ModelFacts, limits: Limits) -> GenerateInput:
@@ -40,6 +42,7 @@ def generate_input(request: pb.GenerateRequest, facts: ModelFacts, limits: Limit
     sampling = request.sampling
     _check_sampling(v, sampling, facts, limits)
     max_tokens = _check_max_tokens(v, sampling, len(prompt), facts)
+    delivery = _delivery(v, request.delivery)
     v.raise_if_any()
     return GenerateInput(
         request_id=request.request_id,
@@ -47,7 +50,28 @@ def generate_input(request: pb.GenerateRequest, facts: ModelFacts, limits: Limit
         sampling=sampling_options(sampling, max_tokens, detokenize=request.detokenize),
         priority=request.priority,
         detokenize=request.detokenize,
+        delivery=delivery,
     )
+
+
+def stop_request_id(request: pb.StopRequest) -> str:
+    """The request_id of a valid StopRequest, else InvalidArgument."""
+    v = Violations()
+    _check_request_id(v, "request_id", request.request_id)
+    v.raise_if_any()
+    return request.request_id
+
+
+def _delivery(v: Violations, given: pb.Delivery) -> Delivery:
+    check_range(
+        v,
+        "delivery.max_tokens_per_message",
+        given.max_tokens_per_message,
+        min_value=0,
+        max_value=MAX_TOKENS_PER_MESSAGE,
+    )
+    check_range(v, "delivery.max_hold_ms", given.max_hold_ms, min_value=0, max_value=MAX_HOLD_MS)
+    return Delivery(given.max_tokens_per_message, given.max_hold_ms / 1000.0)
 
 
 def sampling_options(

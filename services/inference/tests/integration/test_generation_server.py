@@ -77,11 +77,13 @@ def stub(server: RunningServer) -> pb_grpc.InferenceServiceAsyncStub:
 def generate_request(request_id: str = "req-1", **sampling: Any) -> pb.GenerateRequest:
     prompt = sampling.pop("prompt", PROMPT)
     detokenize = sampling.pop("detokenize", False)
+    delivery = sampling.pop("delivery", None)
     return pb.GenerateRequest(
         request_id=request_id,
         prompt_token_ids=prompt,
         sampling=common_pb2.SamplingParams(**sampling),
         detokenize=detokenize,
+        delivery=delivery,
     )
 
 
@@ -218,6 +220,65 @@ async def test_cancel_mid_stream_frees_blocks(stub: pb_grpc.InferenceServiceAsyn
     assert await call.code() == grpc.StatusCode.CANCELLED
 
 
+async def test_grouped_delivery_sends_the_same_tokens_in_fewer_messages(
+    stub: pb_grpc.InferenceServiceAsyncStub,
+) -> None:
+    settings = {"temperature": 0.0, "max_tokens": 17, "ignore_eos": True, "detokenize": True}
+    each = await generate(stub, generate_request("each", **settings))
+    four = pb.Delivery(max_tokens_per_message=4)
+    request = generate_request("grouped", delivery=four, **settings)
+    grouped = await generate(stub, request)
+    assert [t for m in grouped for t in m.token_ids] == [t for m in each for t in m.token_ids]
+    assert "".join(m.text_delta for m in grouped) == "".join(m.text_delta for m in each)
+    assert len(grouped[0].token_ids) == 1  # the first token is not held
+    # No hold time: every message but the first and the last is full.
+    assert [len(m.token_ids) for m in grouped[1:-1]] == [4] * (len(grouped) - 2)
+    assert len(grouped) <= 2 + 16 // 4
+    assert grouped[-1].finish_reason == common_pb2.FINISH_REASON_LENGTH
+    assert grouped[-1].usage.completion_tokens == 17
+
+
+async def test_stop_ends_the_stream_with_what_it_held_and_the_exact_count(
+    stub: pb_grpc.InferenceServiceAsyncStub,
+) -> None:
+    await idle(stub)
+    request = generate_request(
+        "stop-me", temperature=0.0, max_tokens=900, ignore_eos=True, prompt=list(range(3, 100)),
+        delivery=pb.Delivery(max_tokens_per_message=1000),
+    )  # fmt: skip
+    call = stub.Generate(request, timeout=60)
+    first = await call.read()
+    assert len(first.token_ids) == 1
+    await wait_until(lambda: _generated_beyond(stub, 5))  # tokens are being held
+    reply = await stub.Stop(pb.StopRequest(request_id="stop-me"), timeout=5)
+    assert reply.stopped == 1
+    rest = []
+    while (message := await call.read()) is not grpc.aio.EOF:
+        rest.append(message)
+    last = rest[-1]
+    assert last.finish_reason == common_pb2.FINISH_REASON_CANCELLED
+    received = len(first.token_ids) + sum(len(m.token_ids) for m in rest)
+    assert received > 5  # the held tokens came with the last message
+    assert last.usage.completion_tokens == received
+    assert await call.code() == grpc.StatusCode.OK
+    await idle(stub)
+    again = await stub.Stop(pb.StopRequest(request_id="stop-me"), timeout=5)
+    assert again.stopped == 0
+
+
+async def _generated_beyond(stub: pb_grpc.InferenceServiceAsyncStub, tokens: int) -> bool:
+    report = await load(stub)
+    return report.num_running == 1 and report.running_remaining_tokens < 900 - tokens
+
+
+async def test_stop_validates_the_request_id(stub: pb_grpc.InferenceServiceAsyncStub) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Stop(pb.StopRequest(request_id="no spaces"), timeout=5)
+    details = parse_error(err.value)
+    assert details.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert [v.field for v in details.field_violations] == ["request_id"]
+
+
 async def test_short_deadline_aborts_the_request(stub: pb_grpc.InferenceServiceAsyncStub) -> None:
     await idle(stub)
     request = generate_request("deadline", temperature=0.0, max_tokens=900, ignore_eos=True)
@@ -252,7 +313,13 @@ BAD_REQUESTS = [
     (generate_request(stop=[""]), "sampling.stop[0]"),
     (generate_request(stop_token_ids=[4096]), "sampling.stop_token_ids[0]"),
     (generate_request(stop_token_ids=list(range(65))), "sampling.stop_token_ids"),
-]
+    (generate_request(delivery=pb.Delivery(max_tokens_per_message=-1)),
+     "delivery.max_tokens_per_message"),
+    (generate_request(delivery=pb.Delivery(max_tokens_per_message=4097)),
+     "delivery.max_tokens_per_message"),
+    (generate_request(delivery=pb.Delivery(max_hold_ms=-5)), "delivery.max_hold_ms"),
+    (generate_request(delivery=pb.Delivery(max_hold_ms=60_001)), "delivery.max_hold_ms"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("request_", "field"), BAD_REQUESTS)

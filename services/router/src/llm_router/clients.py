@@ -12,9 +12,8 @@ import grpc
 from prometheus_client import Counter
 
 from llm_common.channels import make_channel
-from llm_common.deadlines import deadline_var, without_deadline
+from llm_common.deadlines import without_deadline
 from llm_common.errors import (
-    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     NotFound,
@@ -26,9 +25,10 @@ from llm_common.logging import get_logger
 from llm_common.resilience import AsyncBreaker, BreakerOpen
 from llm_router.attestation import Attestation
 from llm_router.batching import BatchShape, CallBatcher
-from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error, is_client_error
+from llm_router.errors import DependencyUnavailable, from_rpc_error
 from llm_router.load import LoadSnapshot
 from llm_router.local_tokenizer import LocalTokenizer
+from llm_router.replica_stream import GenerateCall, replica_error
 from llm_router.token_memo import TokenMemo, memo_key
 from llmapi.auth.v1 import auth_service_pb2 as auth_pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as auth_grpc
@@ -54,9 +54,6 @@ _log = get_logger(__name__)
 # After an UNIMPLEMENTED ReserveBatch, how long Reserves stay unary before batching is tried
 # again (the billing may have been upgraded meanwhile).
 RESERVE_BATCH_RETRY_S = 60.0
-# A Generate stream that fails this close to its deadline (grpc-timeout is sent rounded) was
-# cut for time.
-DEADLINE_SLACK_S = 0.01
 # Business answers, not faults: they never trip a breaker.
 BUSINESS_ERRORS = (QuotaExceeded, InvalidArgument, NotFound, PermissionDenied, FailedPrecondition)
 
@@ -590,51 +587,6 @@ class ReplicaChannels:
             await channel.close()
 
 
-class GenerateCall:
-    """One Generate stream on one replica; failures become ReplicaFailed or client errors."""
-
-    def __init__(
-        self,
-        replica: str,
-        call: grpc.aio.UnaryStreamCall[inf_pb.GenerateRequest, inf_pb.GenerateResponse],
-    ) -> None:
-        self.replica = replica
-        self._call = call
-        self._responses: AsyncIterator[inf_pb.GenerateResponse] = call.__aiter__()
-        self._deadline = deadline_var.get()  # the one the call went out with
-
-    async def next(self) -> inf_pb.GenerateResponse | None:
-        """The next message, or None when the stream ended normally."""
-        try:
-            return await self._responses.__anext__()
-        except StopAsyncIteration:
-            return None
-        except grpc.aio.AioRpcError as err:
-            if self._expired():
-                # Cut for time, whatever the status says: a proxy on the way may reset a
-                # stream whose deadline passed (Envoy with a stream timer), read as INTERNAL.
-                # Counted as a replica failure, short deadlines would exclude every replica.
-                raise DeadlineExceeded("inference did not answer within the deadline") from None
-            raise replica_error(self.replica, err) from None
-
-    def _expired(self) -> bool:
-        return self._deadline is not None and time.monotonic() >= self._deadline - DEADLINE_SLACK_S
-
-    def cancel(self) -> None:
-        """Cancel the stream: the replica frees the request's KV blocks at once."""
-        self._call.cancel()
-
-
-def replica_error(replica: str, err: grpc.aio.AioRpcError) -> Exception:
-    """ReplicaFailed for faults another replica may not have; the domain error otherwise."""
-    code = err.code()
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return ReplicaFailed(replica, code, exclude=False)  # busy, not broken
-    if is_client_error(err) or code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return from_rpc_error(err, "inference")
-    return ReplicaFailed(replica, code)
-
-
 class InferenceClient:
     """Generate, Embed and WatchLoad on a chosen replica."""
 
@@ -643,10 +595,24 @@ class InferenceClient:
     def __init__(self, channels: ReplicaChannels) -> None:
         self._channels = channels
 
-    def generate(self, replica: str, request: inf_pb.GenerateRequest) -> GenerateCall:
-        """Start a stream; its deadline is the caller's remaining one."""
+    def generate(
+        self, replica: str, request: inf_pb.GenerateRequest, *, stop_timeout_s: float = 1.0
+    ) -> GenerateCall:
+        """Start a stream; its deadline is the caller's remaining one. Stopping it early waits
+        `stop_timeout_s` at most for the replica's count."""
         stub, metadata = self._channels.stub(replica)
-        return GenerateCall(replica, stub.Generate(request, metadata=metadata))
+
+        async def stop(timeout_s: float) -> int:
+            reply = await stub.Stop(
+                inf_pb.StopRequest(request_id=request.request_id),
+                metadata=metadata,
+                timeout=timeout_s,
+            )
+            return reply.stopped
+
+        return GenerateCall(
+            replica, stub.Generate(request, metadata=metadata), stop, stop_timeout_s
+        )
 
     async def embed(self, replica: str, request: inf_pb.EmbedRequest) -> inf_pb.EmbedResponse:
         stub, metadata = self._channels.stub(replica)

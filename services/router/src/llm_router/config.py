@@ -34,6 +34,9 @@ DEFAULT_OUTBOX_DIR = ".cache/router-outbox"
 # A settle waits at most this long for others to share its SettleBatch call.
 MAX_BATCH_WAIT_MS = 1000.0
 MAX_BATCHES_IN_FLIGHT = 64
+# The replica's limits on token grouping (inference_service.proto, Delivery).
+MAX_TOKENS_PER_MESSAGE = 4096
+MAX_HOLD_MS = 60_000
 _DISABLED = frozenset({"off", "none", "disabled"})
 BALANCERS = ("expected_wait", "round_robin")
 
@@ -107,15 +110,38 @@ class RoutingSettings:
     load_stale_s: float = 5.0  # older reports count as unknown load
     mesh_addr: str | None = None  # send inference calls through this Envoy listener
     mesh_header: str = "x-envoy-original-dst-host"  # names the replica for ORIGINAL_DST
+    # Replicas group tokens into fewer messages (each costs every hop a wake-up): streamed
+    # answers up to `tokens_per_message`, none held past `max_hold_ms` (only while the replica
+    # is faster than that); unary answers up to `unary_tokens_per_message`. 1 = each token.
+    tokens_per_message: int = 4
+    max_hold_ms: int = 10
+    unary_tokens_per_message: int = 64
+    # A stream ended early (cancel, content filter) is stopped on its replica and read to its
+    # last message, which counts the tokens generated; after this long it is cancelled instead.
+    stop_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.balancer not in BALANCERS:
             raise ConfigError.for_variable("ROUTER_BALANCER", f"must be one of {BALANCERS}")
-        for name in ("block_tokens", "max_prefix_blocks", "affinity_entries", "dispatch_attempts"):
+        for name in (
+            "block_tokens",
+            "max_prefix_blocks",
+            "affinity_entries",
+            "dispatch_attempts",
+            "tokens_per_message",
+            "unary_tokens_per_message",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError.for_variable(_routing_variable(name), "must be >= 1")
         if not 50 <= self.load_interval_ms <= 60_000:
             raise ConfigError.for_variable("ROUTER_LOAD_INTERVAL_MS", "must be in 50..60000")
+        for name in ("tokens_per_message", "unary_tokens_per_message"):
+            if getattr(self, name) > MAX_TOKENS_PER_MESSAGE:
+                raise ConfigError.for_variable(
+                    _routing_variable(name), f"must be <= {MAX_TOKENS_PER_MESSAGE}"
+                )
+        if self.max_hold_ms > MAX_HOLD_MS:
+            raise ConfigError.for_variable("ROUTER_MAX_HOLD_MS", f"must be <= {MAX_HOLD_MS}")
         if self.imbalance_rel < 1.0 or self.imbalance_abs < 0:
             raise ConfigError.for_variable(
                 "ROUTER_IMBALANCE_REL", "must be >= 1 (and ROUTER_IMBALANCE_ABS >= 0)"
@@ -155,6 +181,10 @@ class RoutingSettings:
             retry_jitter_s=f("retry_jitter_s"),
             load_interval_ms=i("load_interval_ms"),
             load_stale_s=f("load_stale_s"),
+            tokens_per_message=i("tokens_per_message"),
+            max_hold_ms=i("max_hold_ms"),
+            unary_tokens_per_message=i("unary_tokens_per_message"),
+            stop_timeout_s=f("stop_timeout_s"),
             mesh_addr=env_str(environ, "INFERENCE_MESH_ADDR"),
             mesh_header=env_str(environ, "INFERENCE_MESH_HEADER", d.mesh_header).lower(),
         )

@@ -17,11 +17,12 @@ from llm_common.errors import Unavailable
 from llm_common.logging import get_logger
 from llm_common.models_config import Deployment
 from llm_common.resilience import Backoff
-from llm_router.clients import GenerateCall, InferenceClient
+from llm_router.clients import InferenceClient
 from llm_router.config import RoutingSettings
 from llm_router.errors import ReplicaFailed
 from llm_router.load import LoadBoard, Ticket
 from llm_router.observability import RouterMetrics
+from llm_router.replica_stream import GenerateCall
 from llm_router.selection import Choice, Job, ReplicaSelector
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
@@ -76,6 +77,16 @@ class Dispatcher:
         )
         self._sleep = sleep
         self._rng = rng or random.Random()
+        self._stop_timeout_s = settings.stop_timeout_s
+        # Streamed answers: tokens grouped at a bounded delay. Unary ones: the caller sees
+        # only the whole answer, so messages are as full as the replica allows.
+        self._delivery = {
+            True: inf_pb.Delivery(
+                max_tokens_per_message=settings.tokens_per_message,
+                max_hold_ms=settings.max_hold_ms,
+            ),
+            False: inf_pb.Delivery(max_tokens_per_message=settings.unary_tokens_per_message),
+        }
 
     def finish(self, ticket: Ticket) -> None:
         """A placed request ended: it no longer loads its replica."""
@@ -97,18 +108,22 @@ class Dispatcher:
         deployments: Sequence[Deployment],
         prompt: Sequence[int],
         sampling: common_pb2.SamplingParams,
+        *,
+        stream: bool = True,
     ) -> Started:
-        """Start Generate on the best replica and wait for its first message, failing over."""
+        """Start Generate on the best replica and wait for its first message, failing over.
+        `stream`: the caller receives the answer as it comes (else only when it is whole)."""
 
         async def attempt(placed: Placed) -> Started:
             request = inf_pb.GenerateRequest(
-                request_id=uuid.uuid4().hex,
+                request_id=uuid.uuid4().hex,  # unique: Stop ends this attempt's stream only
                 prompt_token_ids=prompt,
                 sampling=sampling,
                 detokenize=True,
+                delivery=self._delivery[stream],
             )
             replica = placed.choice.replica
-            call = self._inference.generate(replica, request)
+            call = self._inference.generate(replica, request, stop_timeout_s=self._stop_timeout_s)
             try:
                 async with asyncio.timeout(self._first_token_timeout_s):
                     first = await call.next()

@@ -16,7 +16,7 @@ import grpc
 from llm_common.errors import ServiceError, Unavailable
 from llm_common.logging import get_logger
 from llm_router.background import Background
-from llm_router.clients import CacheClient, GenerateCall
+from llm_router.clients import CacheClient
 from llm_router.dispatch import Started
 from llm_router.errors import ReplicaFailed
 from llm_router.identity import Caller
@@ -24,6 +24,7 @@ from llm_router.load import Ticket
 from llm_router.observability import RouterMetrics, access_log, digest, start_span
 from llm_router.output_guard import GuardResult, StreamGuard
 from llm_router.policies import OutputPolicy
+from llm_router.replica_stream import GenerateCall
 from llm_router.requests import GenerationRequest
 from llm_router.settlement import Admission, Outcome, Settler
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
@@ -84,7 +85,14 @@ class Source(Protocol):
     cache_hit: str  # "miss", "exact" or "semantic"
     similarity: float
 
+    @property
+    def running(self) -> bool:
+        """Still producing: ending it now leaves tokens to count."""
+
     def pieces(self) -> AsyncGenerator[Piece, None]: ...
+
+    async def stop(self) -> int | None:
+        """End production early; the count of every token produced (None: unknown)."""
 
     def close(self) -> None:
         """Stop producing (cancel the replica's work) and release the load ticket."""
@@ -95,6 +103,7 @@ class CachedSource:
 
     replica = ""
     route_reason = "cache"
+    running = False
 
     def __init__(self, hit: cache_pb.LookupResponse) -> None:
         self._response = hit.response
@@ -108,6 +117,9 @@ class CachedSource:
             token_ids=tuple(r.token_ids),
             finish_reason=r.finish_reason or STOP,
         )
+
+    async def stop(self) -> int | None:
+        return None
 
     def close(self) -> None:
         """Nothing runs for a cache hit."""
@@ -132,7 +144,8 @@ class LiveSource:
         self._background = background
         self.replica = started.placed.choice.replica
         self.route_reason = started.placed.choice.reason
-        self._done = False
+        self._done = False  # the final message arrived
+        self._ended = False  # failed or stopped
 
     async def pieces(self) -> AsyncGenerator[Piece, None]:
         message: inf_pb.GenerateResponse | None = self._started.first
@@ -157,8 +170,21 @@ class LiveSource:
                 message = await self._call.next()
             raise ReplicaFailed(self.replica, grpc.StatusCode.DATA_LOSS)
         except ReplicaFailed:
+            self._ended = True
             self._releaser.fail(self.replica)
             raise
+
+    @property
+    def running(self) -> bool:
+        return not (self._done or self._ended)
+
+    async def stop(self) -> int | None:
+        """Stop the stream on its replica and read it to its last message, which counts the
+        tokens the replica generated, including any it held for a fuller message."""
+        if not self.running:
+            return None
+        self._ended = True
+        return await self._call.stop()
 
     async def _drain(self) -> None:
         # Read to the end of the stream so the call completes with its status instead of
@@ -247,7 +273,10 @@ class Generation:
                         break
                     if released:
                         yield self._chunk(released)
-            if not self._tally.blocked_rule:
+            if self._tally.blocked_rule:
+                # The last chunk's usage must be what is billed: the replica's own count.
+                self._produced(await self._source.stop())
+            else:
                 held += self._take(guard.finish())
             finish = CONTENT_FILTER if self._tally.blocked_rule else (finish or STOP)
             final = True
@@ -322,11 +351,29 @@ class Generation:
             total_tokens=prompt + completion,
         )
 
+    def _produced(self, total: int | None) -> None:
+        if total is not None:
+            self._tally.completion_tokens = max(total, self._tally.completion_tokens)
+
     def _close(self, finish: FinishReason) -> None:
         if self._closed:
             return
         self._closed = True
+        if self._source.running:
+            # Ended early (the caller left): settle once the replica said what it produced.
+            self._deps.background.spawn(self._stop_then_settle(finish))
+            return
         self._source.close()
+        self._settle(finish)
+
+    async def _stop_then_settle(self, finish: FinishReason) -> None:
+        try:
+            self._produced(await self._source.stop())
+        finally:
+            self._source.close()
+            self._settle(finish)
+
+    def _settle(self, finish: FinishReason) -> None:
         usage = self.usage()
         produced = usage.completion_tokens > 0 or self.cache_hit != "miss"
         outcome = Outcome(

@@ -139,7 +139,8 @@ class Pipeline:
             hit = await self._lookup(prepared.request, key)
             if hit is not None:
                 return self._generation(info, CachedSource(hit), policy, admission, key)
-            live = LiveSource(await self._dispatch(prepared), self._dispatcher, self._background)
+            placed = await self._dispatch(prepared, info.stream)
+            live = LiveSource(placed, self._dispatcher, self._background)
             return self._generation(info, live, policy, admission, key)
         except BaseException:
             self._settler.submit(admission, NOTHING)
@@ -160,7 +161,7 @@ class Pipeline:
         # it starts first, and a hit cancels it.
         dispatch: asyncio.Future[Started] | None = None
         if key is None or self._speculation.dispatch_early():
-            dispatch = asyncio.ensure_future(self._dispatch(prepared))
+            dispatch = asyncio.ensure_future(self._dispatch(prepared, info.stream))
         admit = asyncio.ensure_future(self._admit(prepared, info.caller, policy))
         lookup = asyncio.ensure_future(self._lookup(prepared.request, key))
         try:
@@ -168,10 +169,10 @@ class Pipeline:
                 grace_s = self._speculation.grace_s(self._lookup_grace_s)
                 await asyncio.wait({lookup}, timeout=grace_s)
                 if not lookup.done():
-                    dispatch = asyncio.ensure_future(self._dispatch(prepared))
+                    dispatch = asyncio.ensure_future(self._dispatch(prepared, info.stream))
             hit = await lookup
             if hit is None and dispatch is None:
-                dispatch = asyncio.ensure_future(self._dispatch(prepared))
+                dispatch = asyncio.ensure_future(self._dispatch(prepared, info.stream))
             admission = await admit
         except BaseException as error:
             admit.cancel()  # the admitter gives back whatever it still gets granted
@@ -347,10 +348,14 @@ class Pipeline:
                 policy=policy.admission,
             )
 
-    async def _dispatch(self, prepared: Prepared) -> Started:
+    async def _dispatch(self, prepared: Prepared, stream: bool) -> Started:
         with phase(self._metrics, "route", model=prepared.spec.name) as span:
             started = await self._dispatcher.generate(
-                prepared.spec.name, prepared.deployments, prepared.prompt, prepared.sampling
+                prepared.spec.name,
+                prepared.deployments,
+                prepared.prompt,
+                prepared.sampling,
+                stream=stream,
             )
             span.set_attribute("replica", started.placed.choice.replica)
             span.set_attribute("reason", started.placed.choice.reason)

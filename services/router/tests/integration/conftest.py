@@ -107,6 +107,7 @@ class Stack:
     auth: AuthHarness
     cache: RunningServer
     workdir: Path
+    replica_metrics: list[CollectorRegistry]
 
     @property
     def replica_addrs(self) -> list[str]:
@@ -114,6 +115,14 @@ class Stack:
 
     def inference_stub(self, index: int) -> inf_grpc.InferenceServiceAsyncStub:
         return inf_grpc.InferenceServiceStub(self.replicas[index].channel)
+
+    def generated_tokens(self) -> float:
+        """Tokens the replicas generated so far (cancelled requests included)."""
+        samples = (
+            r.get_sample_value("llm_inference_generation_tokens_total", {"model_name": MODEL})
+            for r in self.replica_metrics
+        )
+        return sum(s or 0.0 for s in samples)
 
     async def tenant(self, *, tokens_per_minute: int = 0) -> Caller:
         """A fresh tenant with an API key in auth (so its quota is real)."""
@@ -155,8 +164,10 @@ class Router:
 
 
 @contextlib.asynccontextmanager
-async def running_inference(catalog_path: Path, replica_id: str) -> AsyncIterator[RunningServer]:
-    """One inference replica with the real engine."""
+async def running_inference(
+    catalog_path: Path, replica_id: str, registry: CollectorRegistry | None = None
+) -> AsyncIterator[RunningServer]:
+    """One inference replica with the real engine (its metrics in `registry`)."""
     settings = InferenceSettings(
         server=settings_for_tests("inference"),
         model="demo",
@@ -166,7 +177,8 @@ async def running_inference(catalog_path: Path, replica_id: str) -> AsyncIterato
         engine=ENGINE,
         limits=InferenceLimits(),
     )
-    loaded = await load_service(settings, InferenceMetrics(MODEL, CollectorRegistry()))
+    metrics = InferenceMetrics(MODEL, registry or CollectorRegistry())
+    loaded = await load_service(settings, metrics)
     async with running_server(loaded.spec, settings=settings.server) as server:
         yield server
 
@@ -244,15 +256,18 @@ async def running_stack(
                 tokenizer_spec(registry, TokenizerLimits()), settings=settings_for_tests("tok")
             )
         )
+        registries = [CollectorRegistry() for _ in range(replicas)]
         servers = [
-            await stack.enter_async_context(running_inference(catalog_path, f"replica-{i}"))
+            await stack.enter_async_context(
+                running_inference(catalog_path, f"replica-{i}", registries[i])
+            )
             for i in range(replicas)
         ]
         billing = await stack.enter_async_context(running_billing(redis_url, prefix, workdir))
         auth = await stack.enter_async_context(serving(make_settings(redis_url, f"{prefix}auth:")))
         cache = await stack.enter_async_context(running_cache(redis_url, f"{prefix}cache:"))
         try:
-            yield Stack(catalog, tokenizer, servers, billing, auth, cache, workdir)
+            yield Stack(catalog, tokenizer, servers, billing, auth, cache, workdir, registries)
         finally:
             await delete_prefix(redis_url, prefix)
 

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llm_common.errors import parse_error
 from llm_common.testing import LogCapture
 from llm_router.attestation import AttestationSettings
+from llm_router.config import RoutingSettings
 from llm_router.identity import Caller as RouterCaller
 from llm_router.policies import parse_policies
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
@@ -174,6 +175,8 @@ async def test_cancel_mid_stream_frees_kv_blocks_and_bills_partial_tokens(
     router: Router, stack: Stack
 ) -> None:
     caller = await stack.tenant()
+    await wait_for(lambda: _idle(stack))
+    generated_before = stack.generated_tokens()
     request = pb.ChatStreamRequest(
         model="demo",
         messages=[user("Count slowly.")],
@@ -196,10 +199,52 @@ async def test_cancel_mid_stream_frees_kv_blocks_and_bills_partial_tokens(
 
     total = await wait_for(billed)
     assert 0 < total.completion_tokens < 900
+    # Exactly what the replica generated: the tokens it held for a fuller message (the
+    # router stops the stream instead of cancelling it) and those in flight included.
+    assert total.completion_tokens == stack.generated_tokens() - generated_before
     assert (
         router.metric("llm_router_requests_finished_total", model=MODEL, finish_reason="cancelled")
         >= 1
     )
+
+
+async def test_a_cancelled_stream_is_billed_the_tokens_its_replica_was_holding(
+    stack: Stack, tmp_path: Path
+) -> None:
+    # Messages of up to 4096 tokens without a time limit: after the first token the replica
+    # holds everything, so only its Stop answer can tell the router what was generated.
+    routing = RoutingSettings(
+        load_interval_ms=50, load_stale_s=2.0, tokens_per_message=4096, max_hold_ms=0
+    )
+    catalog = with_deployments(stack.catalog, deployment("demo-local", stack.replica_addrs[:1]))
+    settings = router_settings(stack, tmp_path, routing=routing)
+    async with running_router(settings, catalog) as router:
+        caller = await stack.tenant()
+        await wait_for(lambda: _idle(stack))
+        generated_before = stack.generated_tokens()
+        request = pb.ChatStreamRequest(
+            model="demo",
+            messages=[user("Count slowly.")],
+            sampling=sampling(max_tokens=900, ignore_eos=True, temperature=0.0),
+            cache=bypass(),
+        )
+        call = router.stub.ChatStream(request, metadata=caller.metadata)
+        await wait_for(lambda: _generating_beyond(stack, 20))
+        call.cancel()
+        await wait_for(lambda: _idle(stack))
+
+        async def billed() -> billing_pb.UsageBucket | None:
+            total = await usage_of(stack, caller.tenant)
+            return total if total.requests == 1 else None
+
+        total = await wait_for(billed)
+    assert 20 < total.completion_tokens < 900
+    assert total.completion_tokens == stack.generated_tokens() - generated_before
+
+
+async def _generating_beyond(stack: Stack, tokens: int) -> bool:
+    load = (await stack.inference_stub(0).GetLoad(inf_pb.GetLoadRequest())).load
+    return load.num_running == 1 and load.running_remaining_tokens < 900 - tokens
 
 
 async def test_repeated_prefixes_land_on_the_same_replica(router: Router, stack: Stack) -> None:

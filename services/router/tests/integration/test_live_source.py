@@ -8,15 +8,16 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import pytest
 
 from llm_common.models_config import Deployment
 from llm_common.testing import bytes_service, running_server
 from llm_router.background import Background
-from llm_router.clients import GenerateCall
 from llm_router.dispatch import Placed, Started
 from llm_router.generation import LiveSource
 from llm_router.load import Ticket
+from llm_router.replica_stream import GenerateCall
 from llm_router.selection import Choice
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
@@ -85,3 +86,82 @@ async def test_the_last_piece_does_not_wait_for_the_stream_to_end() -> None:
         await background.drain(5.0)
         assert replica.ended.is_set()
         assert len(background) == 0
+
+
+class Stoppable:
+    """A replica that streams a token every 10 ms until stopped, then sends the tokens it
+    held back (as a replica grouping tokens would) and the exact count, like the real one."""
+
+    def __init__(self, *, implements_stop: bool = True) -> None:
+        self.implements_stop = implements_stop
+        self.stopped = asyncio.Event()
+        self.cancelled = asyncio.Event()
+
+    async def generate(self, request: bytes, context: Any) -> AsyncIterator[bytes]:
+        yield inf_pb.GenerateResponse(token_ids=[1], text_delta="a").SerializeToString()
+        generated = 1
+        try:
+            while not self.stopped.is_set():
+                await asyncio.sleep(0.01)
+                generated += 1  # held, not sent
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        final = inf_pb.GenerateResponse(
+            token_ids=list(range(2, generated + 1)),
+            finish_reason=common_pb2.FINISH_REASON_CANCELLED,
+            usage=common_pb2.Usage(completion_tokens=generated),
+        )
+        yield final.SerializeToString()
+
+    async def stop(self, request: bytes, context: Any) -> bytes:
+        if not self.implements_stop:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "no Stop here")
+        self.stopped.set()
+        return inf_pb.StopResponse(stopped=1).SerializeToString()
+
+
+def stoppable_spec(replica: Stoppable) -> Any:
+    return bytes_service(
+        "llmapi.inference.v1.InferenceService",
+        unary={"Stop": replica.stop},
+        server_streaming={"Generate": replica.generate},
+    )
+
+
+def client_call(channel: grpc.aio.Channel) -> GenerateCall:
+    stub = inf_grpc.InferenceServiceStub(channel)
+
+    async def stop(timeout_s: float) -> int:
+        reply = await stub.Stop(inf_pb.StopRequest(request_id="r1"), timeout=timeout_s)
+        return reply.stopped
+
+    request = inf_pb.GenerateRequest(request_id="r1")
+    return GenerateCall(REPLICA, stub.Generate(request), stop, stop_timeout_s=2.0)
+
+
+async def test_a_cancelled_reader_leaves_the_stream_to_be_stopped_and_counted() -> None:
+    replica = Stoppable()
+    async with running_server(stoppable_spec(replica)) as server:
+        call = client_call(server.channel)
+        assert (await call.next()) is not None
+        # The caller goes away while waiting on the replica (as a router handler is
+        # cancelled when its client cancels): the stream must survive for Stop.
+        reader = asyncio.ensure_future(call.next())
+        await asyncio.sleep(0.05)
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        total = await call.stop()
+        assert total is not None
+        assert total > 1  # the held tokens are counted
+        assert not replica.cancelled.is_set()
+
+
+async def test_a_replica_without_stop_is_cancelled_and_the_count_is_unknown() -> None:
+    replica = Stoppable(implements_stop=False)
+    async with running_server(stoppable_spec(replica)) as server:
+        call = client_call(server.channel)
+        assert (await call.next()) is not None
+        assert await call.stop() is None
+        await asyncio.wait_for(replica.cancelled.wait(), timeout=5.0)

@@ -50,8 +50,12 @@ class FakeInference:
     def __init__(self, outcomes: dict[str, Any]) -> None:
         self.outcomes = outcomes
         self.calls: list[FakeCall] = []
+        self.requests: list[inf_pb.GenerateRequest] = []
 
-    def generate(self, replica: str, request: inf_pb.GenerateRequest) -> FakeCall:
+    def generate(
+        self, replica: str, request: inf_pb.GenerateRequest, *, stop_timeout_s: float = 1.0
+    ) -> FakeCall:
+        self.requests.append(request)
         call = FakeCall(replica, self.outcomes[replica])
         self.calls.append(call)
         return call
@@ -169,3 +173,21 @@ async def test_no_usable_replica_fails_without_calling(clock: ManualClock) -> No
         await generate(dispatcher, dep("d", "a:1"))
     assert fake.calls == []
     assert exc.value.retry_after_s == pytest.approx(5.0)
+
+
+async def test_streamed_and_unary_answers_ask_for_their_own_token_grouping(
+    clock: ManualClock,
+) -> None:
+    dispatcher, fake, _, _, _ = build(clock, {"a:1": first()})
+    sampling = common_pb2.SamplingParams(max_tokens=8)
+    for stream in (True, False):
+        started = await dispatcher.generate("m", [dep("d", "a:1")], [1, 2], sampling, stream=stream)
+        dispatcher.finish(started.placed.ticket)
+    streamed, unary = (r.delivery for r in fake.requests)
+    assert (streamed.max_tokens_per_message, streamed.max_hold_ms) == (
+        SETTINGS.tokens_per_message,
+        SETTINGS.max_hold_ms,
+    )
+    assert unary.max_tokens_per_message == SETTINGS.unary_tokens_per_message
+    assert unary.max_hold_ms == 0  # nobody sees a unary answer before it is whole
+    assert len({r.request_id for r in fake.requests}) == 2  # Stop must find one stream only

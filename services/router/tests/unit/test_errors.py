@@ -14,8 +14,8 @@ from llm_common.errors import (
     QuotaViolation,
     ServiceError,
 )
-from llm_router.clients import replica_error
 from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error
+from llm_router.replica_stream import replica_error
 
 
 def rpc_error(

@@ -30,6 +30,7 @@ class FakeSource:
     route_reason = "load"
     cache_hit = "miss"
     similarity = 0.0
+    running = False  # every piece is in hand: nothing to stop
 
     def __init__(self, pieces: list[Piece | BaseException]) -> None:
         self._pieces = pieces
@@ -40,6 +41,9 @@ class FakeSource:
             if isinstance(piece, BaseException):
                 raise piece
             yield piece
+
+    async def stop(self) -> int | None:
+        return None
 
     def close(self) -> None:
         self.closed = True

@@ -58,6 +58,24 @@ class TokenEvent:
     cached_tokens: int  # prompt tokens served from the prefix cache
     timings: RequestTimings | None  # set on the last event only
 
+    def then(self, later: TokenEvent) -> TokenEvent:
+        """This event and the one after it as one (its counts and finish are the later's)."""
+        logprobs = (
+            (self.logprobs or ()) + (later.logprobs or ())
+            if self.logprobs is not None or later.logprobs is not None
+            else None
+        )
+        return TokenEvent(
+            token_ids=self.token_ids + later.token_ids,
+            text_delta=self.text_delta + later.text_delta,
+            logprobs=logprobs,
+            finish_reason=later.finish_reason,
+            prompt_tokens=later.prompt_tokens,
+            completion_tokens=later.completion_tokens,
+            cached_tokens=later.cached_tokens,
+            timings=later.timings,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class LoadSnapshot:

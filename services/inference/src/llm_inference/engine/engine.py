@@ -230,22 +230,7 @@ def _coalesce(first: TokenEvent, queue: asyncio.Queue[TokenEvent]) -> TokenEvent
     """Merge events already waiting behind `first` (a slow consumer gets fewer, larger deltas)."""
     event = first
     while event.finish_reason is None and not queue.empty():
-        nxt = queue.get_nowait()
-        logprobs = (
-            (event.logprobs or ()) + (nxt.logprobs or ())
-            if event.logprobs is not None or nxt.logprobs is not None
-            else None
-        )
-        event = TokenEvent(
-            token_ids=event.token_ids + nxt.token_ids,
-            text_delta=event.text_delta + nxt.text_delta,
-            logprobs=logprobs,
-            finish_reason=nxt.finish_reason,
-            prompt_tokens=nxt.prompt_tokens,
-            completion_tokens=nxt.completion_tokens,
-            cached_tokens=nxt.cached_tokens,
-            timings=nxt.timings,
-        )
+        event = event.then(queue.get_nowait())
     return event
 
 

@@ -31,6 +31,7 @@ class GenerateRequest(_message.Message):
     SAMPLING_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     DETOKENIZE_FIELD_NUMBER: _builtins.int
+    DELIVERY_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller's request id (1-128 chars); used for logs, tracing and cancellation."""
     priority: _builtins.int
@@ -45,6 +46,10 @@ class GenerateRequest(_message.Message):
 
     @_builtins.property
     def sampling(self) -> _common_pb2.SamplingParams: ...
+    @_builtins.property
+    def delivery(self) -> Global___Delivery:
+        """How tokens are grouped into messages. Unset: one message per engine step."""
+
     def __init__(
         self,
         *,
@@ -53,14 +58,50 @@ class GenerateRequest(_message.Message):
         sampling: _common_pb2.SamplingParams | None = ...,
         priority: _builtins.int = ...,
         detokenize: _builtins.bool = ...,
+        delivery: Global___Delivery | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["detokenize", b"detokenize", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "detokenize", b"detokenize", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+
+@_typing.final
+class Delivery(_message.Message):
+    """Token grouping for a Generate stream: fewer, larger messages cost the caller and
+    every proxy on the way less CPU per token, at a bounded delay. The first token is
+    always sent at once (time to first token is unchanged), and so is the last
+    message.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MAX_TOKENS_PER_MESSAGE_FIELD_NUMBER: _builtins.int
+    MAX_HOLD_MS_FIELD_NUMBER: _builtins.int
+    max_tokens_per_message: _builtins.int
+    """Most tokens in one message after the first; 0 or 1 = one step per message.
+    At most 4096.
+    """
+    max_hold_ms: _builtins.int
+    """Longest a token waits for others to fill its message, in milliseconds;
+    0-60000. Tokens are only held while the replica produces them faster than
+    this; 0 with max_tokens_per_message > 1 holds until the message is full.
+    """
+    def __init__(
+        self,
+        *,
+        max_tokens_per_message: _builtins.int = ...,
+        max_hold_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_hold_ms", b"max_hold_ms", "max_tokens_per_message", b"max_tokens_per_message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Delivery: _TypeAlias = Delivery  # noqa: Y015
 
 @_typing.final
 class Timings(_message.Message):
@@ -448,3 +489,49 @@ class WatchLoadResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___WatchLoadResponse: _TypeAlias = WatchLoadResponse  # noqa: Y015
+
+@_typing.final
+class StopRequest(_message.Message):
+    """Stop request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """The request_id the streams were started with (1-128 chars)."""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopRequest: _TypeAlias = StopRequest  # noqa: Y015
+
+@_typing.final
+class StopResponse(_message.Message):
+    """Stop result."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STOPPED_FIELD_NUMBER: _builtins.int
+    stopped: _builtins.int
+    """Streams that were running with this id and are now ending; 0 when none was
+    (unknown, or already finished).
+    """
+    def __init__(
+        self,
+        *,
+        stopped: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["stopped", b"stopped"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StopResponse: _TypeAlias = StopResponse  # noqa: Y015

@@ -62,6 +62,11 @@ class InferenceServiceStub:
                 request_serializer=llmapi_dot_inference_dot_v1_dot_inference__service__pb2.WatchLoadRequest.SerializeToString,
                 response_deserializer=llmapi_dot_inference_dot_v1_dot_inference__service__pb2.WatchLoadResponse.FromString,
                 _registered_method=True)
+        self.Stop = channel.unary_unary(
+                '/llmapi.inference.v1.InferenceService/Stop',
+                request_serializer=llmapi_dot_inference_dot_v1_dot_inference__service__pb2.StopRequest.SerializeToString,
+                response_deserializer=llmapi_dot_inference_dot_v1_dot_inference__service__pb2.StopResponse.FromString,
+                _registered_method=True)
 
 
 class InferenceServiceServicer:
@@ -107,6 +112,17 @@ class InferenceServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Stop(self, request, context):
+        """End the running Generate streams with this request_id. Each stream then sends
+        the tokens it was holding (see Delivery) in its last message, with
+        finish_reason CANCELLED and the exact usage, and frees its KV blocks. A caller
+        that stops this way instead of cancelling the stream learns exactly how many
+        tokens were generated. Idempotent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_InferenceServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -134,6 +150,11 @@ def add_InferenceServiceServicer_to_server(servicer, server):
                     servicer.WatchLoad,
                     request_deserializer=llmapi_dot_inference_dot_v1_dot_inference__service__pb2.WatchLoadRequest.FromString,
                     response_serializer=llmapi_dot_inference_dot_v1_dot_inference__service__pb2.WatchLoadResponse.SerializeToString,
+            ),
+            'Stop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stop,
+                    request_deserializer=llmapi_dot_inference_dot_v1_dot_inference__service__pb2.StopRequest.FromString,
+                    response_serializer=llmapi_dot_inference_dot_v1_dot_inference__service__pb2.StopResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -274,6 +295,33 @@ class InferenceService:
             '/llmapi.inference.v1.InferenceService/WatchLoad',
             llmapi_dot_inference_dot_v1_dot_inference__service__pb2.WatchLoadRequest.SerializeToString,
             llmapi_dot_inference_dot_v1_dot_inference__service__pb2.WatchLoadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.inference.v1.InferenceService/Stop',
+            llmapi_dot_inference_dot_v1_dot_inference__service__pb2.StopRequest.SerializeToString,
+            llmapi_dot_inference_dot_v1_dot_inference__service__pb2.StopResponse.FromString,
             options,
             channel_credentials,
             insecure,

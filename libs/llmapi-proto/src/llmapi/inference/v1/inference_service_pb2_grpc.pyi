@@ -50,6 +50,13 @@ class InferenceServiceStub:
     """The replica's current load."""
     WatchLoad: _grpc.UnaryStreamMultiCallable[_inference_service_pb2.WatchLoadRequest, _inference_service_pb2.WatchLoadResponse]
     """A stream of load reports at a fixed interval, for load-aware routing."""
+    Stop: _grpc.UnaryUnaryMultiCallable[_inference_service_pb2.StopRequest, _inference_service_pb2.StopResponse]
+    """End the running Generate streams with this request_id. Each stream then sends
+    the tokens it was holding (see Delivery) in its last message, with
+    finish_reason CANCELLED and the exact usage, and frees its KV blocks. A caller
+    that stops this way instead of cancelling the stream learns exactly how many
+    tokens were generated. Idempotent.
+    """
 
 @_typing.type_check_only
 class InferenceServiceAsyncStub(InferenceServiceStub):
@@ -73,6 +80,13 @@ class InferenceServiceAsyncStub(InferenceServiceStub):
     """The replica's current load."""
     WatchLoad: _aio.UnaryStreamMultiCallable[_inference_service_pb2.WatchLoadRequest, _inference_service_pb2.WatchLoadResponse]  # type: ignore[assignment]
     """A stream of load reports at a fixed interval, for load-aware routing."""
+    Stop: _aio.UnaryUnaryMultiCallable[_inference_service_pb2.StopRequest, _inference_service_pb2.StopResponse]  # type: ignore[assignment]
+    """End the running Generate streams with this request_id. Each stream then sends
+    the tokens it was holding (see Delivery) in its last message, with
+    finish_reason CANCELLED and the exact usage, and frees its KV blocks. A caller
+    that stops this way instead of cancelling the stream learns exactly how many
+    tokens were generated. Idempotent.
+    """
 
 class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
     """InferenceService runs one model on one replica with continuous batching and
@@ -123,5 +137,18 @@ class InferenceServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_inference_service_pb2.WatchLoadResponse], _abc.AsyncIterator[_inference_service_pb2.WatchLoadResponse]]:
         """A stream of load reports at a fixed interval, for load-aware routing."""
+
+    @_abc_1.abstractmethod
+    def Stop(
+        self,
+        request: _inference_service_pb2.StopRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_inference_service_pb2.StopResponse, _abc.Awaitable[_inference_service_pb2.StopResponse]]:
+        """End the running Generate streams with this request_id. Each stream then sends
+        the tokens it was holding (see Delivery) in its last message, with
+        finish_reason CANCELLED and the exact usage, and frees its KV blocks. A caller
+        that stops this way instead of cancelling the stream learns exactly how many
+        tokens were generated. Idempotent.
+        """
 
 def add_InferenceServiceServicer_to_server(servicer: InferenceServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
