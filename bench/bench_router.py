@@ -12,12 +12,14 @@ No Envoy.
    `overhead` (the goal's verdict): the router as configured by default (ROUTER_TOKENIZE=
    speculate, its files attested by the tokenizer service, so prompts are counted in-process;
    token-quota leases) and the replica alone, nothing else running. `variants`: then the same
-   router and four variants, all taking turns with the replica in one loop (each router's
+   router and five variants, all taking turns with the replica in one loop (each router's
    process is idle while the others are served, which costs each of them): speculation
    confirmed by the service on every request (attestation off, the default before it);
    admission before the cache lookup and generation instead of alongside them; waiting for
    the tokenizer service before anything starts (ROUTER_TOKENIZE=service, the default before
-   speculation); and tokenization in-process only (ROUTER_TOKENIZE=auto). Beside them, the
+   speculation); tokenization in-process only (ROUTER_TOKENIZE=auto); and one message per
+   token from the replica (ROUTER_*TOKENS_PER_MESSAGE=1, the default before token grouping;
+   the direct path always gets one per token). Beside them, the
    router's call pattern with no logic at all (grpc_skeleton.py): grpc-python's own floor.
 2. Shared prefixes on 2 replicas: 8 long system prompts, each asked 6 questions in shuffled
    order by 2 concurrent clients; KV memory per replica holds about half the prefixes. Mean
@@ -755,6 +757,9 @@ async def _variants(
         ),
         "router_tokenize_service": variant("router-tokenize-service", ROUTER_TOKENIZE="service"),
         "router_tokenize_in_process": variant("router-tokenize-in-process", ROUTER_TOKENIZE="auto"),
+        "router_per_token": variant(
+            "router-per-token", ROUTER_TOKENS_PER_MESSAGE="1", ROUTER_UNARY_TOKENS_PER_MESSAGE="1"
+        ),
     }
     variants = [p for name, p in routers.items() if name != "router"]
     async with running(variants, logdir):

@@ -27,7 +27,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,7 @@ class Paths:
         ]
         self._metadata = (("authorization", f"Bearer {key}"),)
         self._token_ids = token_ids
+        self.first_text_ms: dict[str, list[float]] = {kind: [] for kind in KINDS}
         self.sampling = common_pb2.SamplingParams(
             max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True
         )
@@ -112,17 +113,22 @@ class Paths:
         call = self._llm.CompleteStream(
             self._completion(i, FULL), metadata=self._metadata, timeout=120
         )
-        async for _ in call:
-            pass
-        return (time.perf_counter() - started) * 1000
+        return await self._consume(FULL, started, call)
 
     async def router(self, i: int) -> float:
         started = time.perf_counter()
         call = self._router.CompleteStream(
             self._completion(i, ROUTER), metadata=self._identity, timeout=120
         )
-        async for _ in call:
-            pass
+        return await self._consume(ROUTER, started, call)
+
+    async def _consume(self, kind: str, started: float, call: AsyncIterable[Any]) -> float:
+        """Read a stream to its end; its time to first text goes to `first_text_ms`."""
+        first: float | None = None
+        async for message in call:
+            if first is None and (message.delta if kind != DIRECT else message.text_delta):
+                first = time.perf_counter()
+        self.first_text_ms[kind].append(((first or time.perf_counter()) - started) * 1000)
         return (time.perf_counter() - started) * 1000
 
     def call(self, kind: str) -> Call:
@@ -137,9 +143,7 @@ class Paths:
         )
         stub = self._replicas[i % len(self._replicas)]
         started = time.perf_counter()
-        async for _ in stub.Generate(request, timeout=120):
-            pass
-        return (time.perf_counter() - started) * 1000
+        return await self._consume(DIRECT, started, stub.Generate(request, timeout=120))
 
     async def cached(self) -> bool:
         request = pb.CompleteRequest(
@@ -303,10 +307,12 @@ async def measure(
         await paths.full(total + i)
         await paths.direct(total + i)
     serial_times = await serial(paths, args.pairs)
+    # Time to the first text the client sees (the router's guard holds back an open tail).
+    first_text = {kind: _quantiles(paths.first_text_ms[kind][-args.pairs :]) for kind in KINDS}
     parallel = await concurrent_rounds(paths, args.rounds, args.concurrency, args.pairs)
     cache = await cache_hits(paths, args.cache_seconds, args.concurrency, pids, args.cache_rounds)
     return {
-        "concurrency_1": summarize(serial_times),
+        "concurrency_1": {**summarize(serial_times), "first_text_ms": first_text},
         f"concurrency_{args.concurrency}": summarize(parallel),
         "cache_hits": cache,
         "raw_ms": {"concurrency_1": serial_times, f"concurrency_{args.concurrency}": parallel},

@@ -51,7 +51,10 @@ from llm_tokenizer.config import Limits as TokenizerLimits
 from llm_tokenizer.server import build_spec as tokenizer_spec
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
+from llmapi.common.v1 import common_pb2
+from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as inf_grpc
+from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
 
 MIB = 1 << 20
@@ -116,6 +119,23 @@ class Stack:
     def inference_stub(self, index: int) -> inf_grpc.InferenceServiceAsyncStub:
         return inf_grpc.InferenceServiceStub(self.replicas[index].channel)
 
+    async def idle(self) -> bool:
+        """Nothing waiting or running on any replica, every KV block free."""
+        for index in range(len(self.replicas)):
+            load = (await self.inference_stub(index).GetLoad(inf_pb.GetLoadRequest())).load
+            if load.num_running or load.num_waiting or load.kv_cache_usage:
+                return False
+        return True
+
+    async def generating_beyond(self, tokens: int, max_tokens: int) -> bool:
+        """One request running (of `max_tokens`), with more than `tokens` generated."""
+        running = remaining = 0
+        for index in range(len(self.replicas)):
+            load = (await self.inference_stub(index).GetLoad(inf_pb.GetLoadRequest())).load
+            running += load.num_running
+            remaining += load.running_remaining_tokens
+        return running == 1 and remaining < max_tokens - tokens
+
     def generated_tokens(self) -> float:
         """Tokens the replicas generated so far (cancelled requests included)."""
         samples = (
@@ -133,6 +153,32 @@ class Stack:
             limits=KeyLimits(tokens_per_minute=tokens_per_minute),
         )
         return Caller(tenant, record.key_id)
+
+
+HOLDING = RoutingSettings(
+    load_interval_ms=50, load_stale_s=2.0, tokens_per_message=4096, max_hold_ms=0
+)  # after the first token a replica holds everything: only Stop can tell what it generated
+
+
+async def cancel_while_generating(
+    router: Router, stack: Stack, tenant: str, metadata: Sequence[tuple[str, str]]
+) -> tuple[int, float]:
+    """Stream a 900-token chat, cancel it once the replicas generated 20 tokens or more; the
+    completion tokens billing charged and the tokens the replicas generated meanwhile."""
+    await wait_for(stack.idle)
+    generated_before = stack.generated_tokens()
+    request = pb.ChatStreamRequest(
+        model="demo",
+        messages=[common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content="Count slowly.")],
+        sampling=common_pb2.SamplingParams(max_tokens=900, ignore_eos=True, temperature=0.0),
+        cache=pb.CachePolicy(bypass=True),
+    )
+    call = router.stub.ChatStream(request, metadata=metadata)
+    await wait_for(lambda: stack.generating_beyond(20, 900))
+    call.cancel()
+    await wait_for(stack.idle)
+    total = await billed(stack, tenant, 1)
+    return total.completion_tokens, stack.generated_tokens() - generated_before
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,20 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from llm_common.errors import parse_error
 from llm_common.testing import LogCapture
 from llm_router.attestation import AttestationSettings
-from llm_router.config import RoutingSettings
 from llm_router.identity import Caller as RouterCaller
 from llm_router.policies import parse_policies
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 from llmapi.common.v1 import common_pb2
-from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 from llmapi.llm.v1 import llm_service_pb2 as pb
 
 from .conftest import (
+    HOLDING,
     MODEL,
     Caller,
     Router,
     Stack,
+    cancel_while_generating,
     deployment,
     router_settings,
     running_router,
@@ -175,7 +175,7 @@ async def test_cancel_mid_stream_frees_kv_blocks_and_bills_partial_tokens(
     router: Router, stack: Stack
 ) -> None:
     caller = await stack.tenant()
-    await wait_for(lambda: _idle(stack))
+    await wait_for(stack.idle)
     generated_before = stack.generated_tokens()
     request = pb.ChatStreamRequest(
         model="demo",
@@ -191,7 +191,7 @@ async def test_cancel_mid_stream_frees_kv_blocks_and_bills_partial_tokens(
             break
     call.cancel()
 
-    await wait_for(lambda: _idle(stack))
+    await wait_for(stack.idle)
 
     async def billed() -> billing_pb.UsageBucket | None:
         total = await usage_of(stack, caller.tenant)
@@ -211,40 +211,15 @@ async def test_cancel_mid_stream_frees_kv_blocks_and_bills_partial_tokens(
 async def test_a_cancelled_stream_is_billed_the_tokens_its_replica_was_holding(
     stack: Stack, tmp_path: Path
 ) -> None:
-    # Messages of up to 4096 tokens without a time limit: after the first token the replica
-    # holds everything, so only its Stop answer can tell the router what was generated.
-    routing = RoutingSettings(
-        load_interval_ms=50, load_stale_s=2.0, tokens_per_message=4096, max_hold_ms=0
-    )
     catalog = with_deployments(stack.catalog, deployment("demo-local", stack.replica_addrs[:1]))
-    settings = router_settings(stack, tmp_path, routing=routing)
+    settings = router_settings(stack, tmp_path, routing=HOLDING)
     async with running_router(settings, catalog) as router:
         caller = await stack.tenant()
-        await wait_for(lambda: _idle(stack))
-        generated_before = stack.generated_tokens()
-        request = pb.ChatStreamRequest(
-            model="demo",
-            messages=[user("Count slowly.")],
-            sampling=sampling(max_tokens=900, ignore_eos=True, temperature=0.0),
-            cache=bypass(),
+        billed, generated = await cancel_while_generating(
+            router, stack, caller.tenant, caller.metadata
         )
-        call = router.stub.ChatStream(request, metadata=caller.metadata)
-        await wait_for(lambda: _generating_beyond(stack, 20))
-        call.cancel()
-        await wait_for(lambda: _idle(stack))
-
-        async def billed() -> billing_pb.UsageBucket | None:
-            total = await usage_of(stack, caller.tenant)
-            return total if total.requests == 1 else None
-
-        total = await wait_for(billed)
-    assert 20 < total.completion_tokens < 900
-    assert total.completion_tokens == stack.generated_tokens() - generated_before
-
-
-async def _generating_beyond(stack: Stack, tokens: int) -> bool:
-    load = (await stack.inference_stub(0).GetLoad(inf_pb.GetLoadRequest())).load
-    return load.num_running == 1 and load.running_remaining_tokens < 900 - tokens
+    assert 20 < billed < 900
+    assert billed == generated
 
 
 async def test_repeated_prefixes_land_on_the_same_replica(router: Router, stack: Stack) -> None:
@@ -297,7 +272,7 @@ async def test_token_quota_is_enforced_with_quota_failure(router: Router, stack:
     assert details.retry_after_s is not None
     assert details.retry_after_s > 0
     # Generation had started alongside admission; the refusal cancelled it, unbilled.
-    await wait_for(lambda: _idle(stack))
+    await wait_for(stack.idle)
 
     async def one_billed() -> bool:
         return (await usage_of(stack, caller.tenant)).requests == 1
@@ -307,14 +282,6 @@ async def test_token_quota_is_enforced_with_quota_failure(router: Router, stack:
     assert router.runtime.admitter.refusals.recent(
         RouterCaller(caller.tenant, caller.key, frozenset())
     )
-
-
-async def _idle(stack: Stack) -> bool:
-    for index in range(len(stack.replicas)):
-        load = (await stack.inference_stub(index).GetLoad(inf_pb.GetLoadRequest())).load
-        if load.num_running or load.num_waiting or load.kv_cache_usage:
-            return False
-    return True
 
 
 async def test_phrase_split_across_tokens_is_caught(
@@ -449,7 +416,7 @@ async def test_the_callers_deadline_reaches_the_replica(router: Router, stack: S
         await router.stub.Chat(request, metadata=caller.metadata, timeout=0.3)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     # The replica stopped generating (its call carried the same deadline) ...
-    await wait_for(lambda: _idle(stack))
+    await wait_for(stack.idle)
 
     # ... and what it produced before the deadline is billed.
     async def billed() -> billing_pb.UsageBucket | None:

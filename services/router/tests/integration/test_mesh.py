@@ -13,7 +13,16 @@ from llm_common.testing import free_port
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 
-from .conftest import Stack, deployment, router_settings, running_router, wait_for, with_deployments
+from .conftest import (
+    HOLDING,
+    Stack,
+    cancel_while_generating,
+    deployment,
+    router_settings,
+    running_router,
+    wait_for,
+    with_deployments,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
 
@@ -66,7 +75,8 @@ async def test_generation_through_an_original_dst_mesh(stack: Stack, tmp_path: P
     config = MESH_ENVOY.replace("$port", str(port)).replace("$hcm", HCM)
     async with running_envoy(config, tmp_path / "envoy") as envoy:
         settings = router_settings(stack, tmp_path)
-        routing = dataclasses.replace(settings.routing, mesh_addr=f"127.0.0.1:{port}")
+        # Replicas hold tokens (Stop must find the right one through the mesh, below).
+        routing = dataclasses.replace(HOLDING, mesh_addr=f"127.0.0.1:{port}")
         settings = dataclasses.replace(settings, routing=routing)
         catalog = with_deployments(stack.catalog, deployment("d", stack.replica_addrs))
         caller = await stack.tenant()
@@ -90,7 +100,14 @@ async def test_generation_through_an_original_dst_mesh(stack: Stack, tmp_path: P
                     metadata=caller.metadata,
                 )
                 assert reply.usage.completion_tokens == 2
+            # A cancelled stream is stopped on its replica, through the mesh, and billed the
+            # replica's exact count.
+            other = await stack.tenant()
+            billed, generated = await cancel_while_generating(
+                router, stack, other.tenant, other.metadata
+            )
+            assert 20 < billed == generated
         stats = await envoy.stats("cluster.inference_replicas.")
-    # 4 Generate calls and 2 WatchLoad streams, all through Envoy.
-    assert stats["cluster.inference_replicas.upstream_rq_total"] >= 6
+    # 5 Generate calls, a Stop and 2 WatchLoad streams, all through Envoy.
+    assert stats["cluster.inference_replicas.upstream_rq_total"] >= 8
     assert stats.get("cluster.inference_replicas.upstream_cx_connect_fail", 0) == 0
