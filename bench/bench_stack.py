@@ -5,7 +5,8 @@ Starts the stack as `make up` does (free ports, its own Redis unless REDIS_URL i
    through the edge (ext_authz, rate limit, router, tokenizer, billing, mesh), to the router's
    own port (with the identity the edge would add), and straight to a replica's Generate with
    the same prompt tokens, taking turns; the added latency at p50/p99 for concurrency 1 and 16,
-   split into the edge's and the router's share;
+   split into the edge's and the router's share; at concurrency 1 also the time to the first
+   text each path's client sees (`first_text_ms`);
 2. one deterministic request repeated through the edge: every answer an exact cache hit
    (timed once the first answer is stored; the median of a few rounds).
 The machine's own floors (bench/machine.py) are recorded beside them.

@@ -173,6 +173,9 @@ class LiveSource:
             self._ended = True
             self._releaser.fail(self.replica)
             raise
+        except ServiceError:
+            self._ended = True  # the stream is over (a deadline, a client error): no Stop
+            raise
 
     @property
     def running(self) -> bool:
