@@ -79,7 +79,9 @@ class Grouped:
                     continue
                 self.generated = event.completion_tokens
                 self._observe_gap()
-                if self._held is not None:
+                held_since = self._loop.time()
+                if self._held is not None:  # the hold time counts from the oldest token
+                    held_since = self._held_since
                     event = self._take().then(event)
                 if not sent_first or event.finish_reason is not None or not self._may_hold(event):
                     sent_first = sent_first or bool(event.token_ids)
@@ -87,7 +89,7 @@ class Grouped:
                     if event.finish_reason is not None:
                         return
                     continue
-                self._held, self._held_since = event, self._loop.time()
+                self._held, self._held_since = event, held_since
         finally:
             await self._cancel_next()
 

@@ -78,6 +78,16 @@ async def test_a_held_token_goes_out_when_its_hold_time_ends() -> None:
     assert arrivals[1][1] < 0.4  # sent at the hold limit, not after the stall
 
 
+async def test_the_hold_time_counts_from_the_oldest_held_token() -> None:
+    # A steady stream faster than the hold time: messages go out every hold time or so, not
+    # once the (large) message is full.
+    script = Script([0.0] + [0.01] * 20)
+    got = await messages(script, Delivery(max_tokens=100, max_hold_s=0.035))
+    assert len(got) >= 4
+    assert sum(len(ids) for ids in got) == 21
+    assert max(len(ids) for ids in got[1:-1]) <= 6
+
+
 async def test_tokens_slower_than_the_hold_time_are_not_held() -> None:
     script = Script([0.0, 0.06, 0.06, 0.06])
     got = await messages(script, Delivery(max_tokens=16, max_hold_s=0.02))
