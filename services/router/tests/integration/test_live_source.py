@@ -5,6 +5,7 @@ so the replica sees a clean finish, not a cancellation."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,8 +13,9 @@ import grpc
 import pytest
 
 from llm_common.models_config import Deployment
-from llm_common.testing import bytes_service, running_server
+from llm_common.testing import RunningServer, bytes_service, running_server
 from llm_router.background import Background
+from llm_router.clients import InferenceClient, ReplicaChannels
 from llm_router.dispatch import Placed, Started
 from llm_router.generation import LiveSource
 from llm_router.load import Ticket
@@ -129,21 +131,22 @@ def stoppable_spec(replica: Stoppable) -> Any:
     )
 
 
-def client_call(channel: grpc.aio.Channel) -> GenerateCall:
-    stub = inf_grpc.InferenceServiceStub(channel)
-
-    async def stop(timeout_s: float) -> int:
-        reply = await stub.Stop(inf_pb.StopRequest(request_id="r1"), timeout=timeout_s)
-        return reply.stopped
-
-    request = inf_pb.GenerateRequest(request_id="r1")
-    return GenerateCall(REPLICA, stub.Generate(request), stop, stop_timeout_s=2.0)
+@contextlib.asynccontextmanager
+async def client_call(server: RunningServer) -> AsyncIterator[GenerateCall]:
+    """A Generate stream on `server` started by the router's own client (its Stop included)."""
+    channels = ReplicaChannels()
+    try:
+        client = InferenceClient(channels)
+        yield client.generate(
+            server.target, inf_pb.GenerateRequest(request_id="r1"), stop_timeout_s=2.0
+        )
+    finally:
+        await channels.close()
 
 
 async def test_a_cancelled_reader_leaves_the_stream_to_be_stopped_and_counted() -> None:
     replica = Stoppable()
-    async with running_server(stoppable_spec(replica)) as server:
-        call = client_call(server.channel)
+    async with running_server(stoppable_spec(replica)) as server, client_call(server) as call:
         assert (await call.next()) is not None
         # The caller goes away while waiting on the replica (as a router handler is
         # cancelled when its client cancels): the stream must survive for Stop.
@@ -160,8 +163,7 @@ async def test_a_cancelled_reader_leaves_the_stream_to_be_stopped_and_counted() 
 
 async def test_a_replica_without_stop_is_cancelled_and_the_count_is_unknown() -> None:
     replica = Stoppable(implements_stop=False)
-    async with running_server(stoppable_spec(replica)) as server:
-        call = client_call(server.channel)
+    async with running_server(stoppable_spec(replica)) as server, client_call(server) as call:
         assert (await call.next()) is not None
         assert await call.stop() is None
         await asyncio.wait_for(replica.cancelled.wait(), timeout=5.0)
