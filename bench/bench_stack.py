@@ -8,13 +8,16 @@ Starts the stack as `make up` does (free ports, its own Redis unless REDIS_URL i
    split into the edge's and the router's share; at concurrency 1 also the time to the first
    text each path's client sees (`first_text_ms`);
 2. one deterministic request repeated through the edge: every answer an exact cache hit
-   (timed once the first answer is stored; the median of a few rounds).
+   (timed once the first answer is stored; the median of a few rounds), served from the
+   router's near cache; then, on a second stack started with the near cache off
+   (ROUTER_NEAR_CACHE_ENTRIES=0), the same rounds again, every hit a cache-service lookup.
 The machine's own floors (bench/machine.py) are recorded beside them.
 Writes bench/results/stack.json and stack.png. Goals: <= 5 ms added at p50 (concurrency 1),
 >= 300 cache-hit requests/s. Baseline: LiteLLM's published proxy overhead (12 ms median,
 43 ms p99 on 2 instances).
 
-Usage: python bench/bench_stack.py [--pairs 40] [--rounds 3] [--cache-seconds 5] [--cache-rounds 3]
+Usage: python bench/bench_stack.py [--pairs 100] [--rounds 3] [--cache-seconds 5] [--cache-rounds 3]
+       [--no-near-ab]
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ LITELLM = {
     "p99_ms": 43.0,
     "source": "LiteLLM docs, proxy overhead on 2 instances",
 }
+NEAR_CACHE_VARIABLE = "ROUTER_NEAR_CACHE_ENTRIES"
 FULL, ROUTER, DIRECT = "full", "router", "direct"
 KINDS = (FULL, ROUTER, DIRECT)
 Call = Callable[[int], Awaitable[float]]
@@ -330,7 +334,9 @@ def stack_config(run_dir: Path) -> StackConfig:
     )
 
 
-def run(config: StackConfig, args: argparse.Namespace) -> dict[str, Any]:
+def run(
+    config: StackConfig, args: argparse.Namespace, *, hits_only: bool = False
+) -> dict[str, Any]:
     stack = Stack(config)
     try:
         endpoints, key = start_with_key(stack, tenant=TENANT, name="bench")
@@ -338,9 +344,36 @@ def run(config: StackConfig, args: argparse.Namespace) -> dict[str, Any]:
         ports = catalogue.generation_ports(catalogue.local_replicas(config.models_config))
         replicas = [f"127.0.0.1:{config.ports.replica_port(p)}" for p in ports]
         pids = {p.spec.name: p.pid for p in stack.processes() if p.pid is not None}
+        if hits_only:
+            return asyncio.run(measure_hits(endpoints, key, replicas, args, pids))
         return asyncio.run(measure(endpoints, key, replicas, args, pids))
     finally:
         stack.stop()
+
+
+async def measure_hits(
+    endpoints: Endpoints,
+    key: str,
+    replicas: list[str],
+    args: argparse.Namespace,
+    pids: dict[str, int],
+) -> dict[str, Any]:
+    paths = Paths(endpoints, key, {}, replicas)
+    return await cache_hits(paths, args.cache_seconds, args.concurrency, pids, args.cache_rounds)
+
+
+def without_near_cache(args: argparse.Namespace) -> dict[str, Any]:
+    """Cache hits on a stack whose routers ask the cache service every time."""
+    saved = os.environ.get(NEAR_CACHE_VARIABLE)
+    os.environ[NEAR_CACHE_VARIABLE] = "0"  # the supervisor passes its environment on
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-stack-") as run_dir:
+            return run(stack_config(Path(run_dir)), args, hits_only=True)
+    finally:
+        if saved is None:
+            del os.environ[NEAR_CACHE_VARIABLE]
+        else:
+            os.environ[NEAR_CACHE_VARIABLE] = saved
 
 
 def plot(result: dict[str, Any], concurrency: int, path: Path) -> None:
@@ -374,12 +407,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--cache-seconds", type=float, default=5.0, help="per cache-hit round")
     parser.add_argument("--cache-rounds", type=int, default=3)
+    parser.add_argument(
+        "--no-near-ab", action="store_true", help="skip the cache-hit rounds without near cache"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "stack.json")
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     watch = machine.Run()
     with tempfile.TemporaryDirectory(prefix="bench-stack-") as run_dir:
         result = run(stack_config(Path(run_dir)), args)
+    if not args.no_near_ab:
+        result["cache_hits_without_near_cache"] = without_near_cache(args)
     added = result["concurrency_1"]["added_ms"]["paired_p50"]
     rps = result["cache_hits"]["requests_per_s"]
     report = {
@@ -408,7 +446,8 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     plot(result, args.concurrency, args.out.with_suffix(".png"))
-    print(json.dumps({k: report[k] for k in ("met", "concurrency_1", "cache_hits")}, indent=2))
+    shown = ("met", "concurrency_1", "cache_hits", "cache_hits_without_near_cache")
+    print(json.dumps({k: report[k] for k in shown if k in report}, indent=2))
 
 
 if __name__ == "__main__":

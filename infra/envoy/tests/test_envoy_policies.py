@@ -141,8 +141,20 @@ def test_no_stream_route_runs_a_stream_timer(flavour: str) -> None:
     # (read as a replica failure) and cut every WatchLoad stream after 600 s.
     for route in routes(CONFIGS[flavour]):
         path = route["match"].get("path", "")
-        if path.endswith(("Stream", "/Generate", "/WatchLoad", "/ExportUsage")):
+        if path.endswith(("Stream", "/Generate", "/WatchLoad", "/ExportUsage", "/WatchChanges")):
             assert "max_stream_duration" not in route["route"], path
+
+
+@pytest.mark.parametrize("flavour", ["local", "k8s-router"])
+def test_the_cache_feed_outlives_the_cache_unary_route(flavour: str) -> None:
+    # The cache's prefix route has a 1.5 s timeout; WatchChanges streams for the router's
+    # whole life, heartbeating every second, and the router reconnects by itself.
+    mesh = list(routes(CONFIGS[flavour], "mesh_outbound"))
+    names = [r.get("name") for r in mesh]
+    feed = mesh[names.index("cache-WatchChanges")]
+    assert names.index("cache-WatchChanges") < names.index("cache")
+    assert feed["match"] == {"path": "/llmapi.cache.v1.CacheService/WatchChanges"}
+    assert feed["route"] == {"cluster": "cache", "timeout": "0s", "idle_timeout": "60s"}
 
 
 def test_generation_is_retried_only_when_it_cannot_have_started() -> None:

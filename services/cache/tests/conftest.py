@@ -13,7 +13,7 @@ import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from llm_cache.config import Policy, RedisSettings, SemanticSettings, Settings
+from llm_cache.config import FeedSettings, Limits, Policy, RedisSettings, SemanticSettings, Settings
 from llm_cache.encoder import Encoder
 from llm_cache.metrics import CacheMetrics
 from llm_cache.server import CacheApp, build_spec, load_encoder
@@ -36,13 +36,16 @@ def make_settings(
     redis_url: str, redis_prefix: str, redis_client: redis.asyncio.Redis
 ) -> Callable[..., Settings]:
     """Settings on this test's key prefix (cleaned up by `redis_client`); keyword overrides
-    replace fields of Policy, SemanticSettings or RedisSettings by name."""
+    replace fields of Policy, SemanticSettings, RedisSettings, Limits or FeedSettings by
+    name."""
 
     def make(**overrides: Any) -> Settings:
         groups: dict[str, Any] = {
             "redis": RedisSettings(url=redis_url, key_prefix=redis_prefix),
             "policy": Policy(),
             "semantic": SemanticSettings(encoder_threads=1),
+            "limits": Limits(),
+            "feed": FeedSettings(),
         }
         for group, value in groups.items():
             names = {k: v for k, v in overrides.items() if hasattr(value, k)}

@@ -279,6 +279,10 @@ def _admin_routes(layout: Layout, targets: AuthTargets) -> list[Config]:
 # Per-try timeouts of the router's dependencies: a cache that answers late is worse than a
 # miss; a tokenizer batch may take longer.
 MESH_UNARY_TIMEOUT_S = {"tokenizer": 10.0, "cache": 1.5, "billing": 6.0, "auth": 3.0}
+# The cache's change feed, one stream per router for its whole life. It sends a message at
+# least every second, so a minute of silence is a dead stream.
+CACHE_FEED_METHOD = "WatchChanges"
+CACHE_FEED_IDLE_S = 60
 
 
 def mesh_routes(layout: Layout) -> list[Config]:
@@ -292,6 +296,7 @@ def mesh_routes(layout: Layout) -> list[Config]:
         )
     balanced = route_action("inference", Kind.LONG_UNARY, retry_on=RETRY_IDEMPOTENT)
     routes.append(_route({"prefix": f"/{inference}/"}, balanced, {}, "inference"))
+    routes.append(_cache_feed_route())
     for name, timeout_s in MESH_UNARY_TIMEOUT_S.items():
         full = SERVICES[name].grpc_service
         action = route_action(
@@ -299,6 +304,18 @@ def mesh_routes(layout: Layout) -> list[Config]:
         )
         routes.append(_route({"prefix": f"/{full}/"}, action, {}, name))
     return routes
+
+
+def _cache_feed_route() -> Config:
+    """WatchChanges ahead of the cache's unary prefix route, whose timeout would cut it.
+
+    No stream timer (see route_action), an idle timeout for a stalled stream, and no
+    retries: the router reconnects with its own backoff (a hop is never retried at two
+    layers), and a stream that waits for its first message is not a failure to retry.
+    """
+    action: Config = {"cluster": "cache", "timeout": "0s", "idle_timeout": f"{CACHE_FEED_IDLE_S}s"}
+    path = grpc_path(SERVICES["cache"].grpc_service, CACHE_FEED_METHOD)
+    return _route({"path": path}, action, {}, f"cache-{CACHE_FEED_METHOD}")
 
 
 def _replica_routes(layout: Layout, inference: str) -> list[Config]:

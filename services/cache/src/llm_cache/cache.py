@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from llm_cache import guard
-from llm_cache.canonical import RequestKey, pair_digest
+from llm_cache.canonical import RequestKey, pair_digest, tenant_tag
+from llm_cache.changes import ADD, DROP, PUT, ChangeLog
 from llm_cache.config import Policy, SemanticSettings
 from llm_cache.index import Candidate, Vector
 from llm_cache.metrics import CacheMetrics
 from llm_cache.semantic import Embedding, IndexItem, SemanticEngine
 from llm_cache.stats import Counters, Stats
 from llm_cache.store import Hit, NewEntry, RedisStore, StoreUnavailable
-from llm_cache.sync import ADD, DROP, IndexSync
+from llm_cache.sync import IndexSync
 from llm_common.errors import Unavailable
 from llm_common.logging import get_logger
 
@@ -80,6 +82,15 @@ class FeedbackOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class NearHits:
+    """Exact hits of one entry that a caller served from its own copy."""
+
+    tenant: str
+    entry_id: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class StatsView:
     counters: Counters
     entries: int
@@ -97,15 +108,18 @@ class ResponseCache:
     """Exact lookups by request digest; semantic lookups by embedding within the request's
     namespace, filtered by the guard and by Feedback blocks, then read back from Redis.
 
-    Lookup and Store never raise for an unavailable store: Lookup misses and Store drops
-    (counted). Invalidate and Feedback raise Unavailable then, since silently skipping them
-    would leave wrong answers in place.
+    Every store and removal is published to the change log (for the other replicas'
+    indexes and for callers keeping copies). Lookup, Store and RecordHits never raise for an
+    unavailable store: Lookup misses, Store drops (counted), RecordHits only counts.
+    Invalidate and Feedback raise Unavailable then, since silently skipping them would leave
+    wrong answers in place.
     """
 
     def __init__(
         self,
         store: RedisStore,
         engine: SemanticEngine | None,
+        changes: ChangeLog,
         sync: IndexSync | None,
         *,
         semantic: SemanticSettings,
@@ -116,6 +130,7 @@ class ResponseCache:
     ) -> None:
         self._store = store
         self._engine = engine
+        self._changes = changes
         self._sync = sync
         self._semantic = semantic
         self._policy = policy
@@ -167,8 +182,8 @@ class ResponseCache:
             return self._store_outcome(
                 key, StoreOutcome(False, key.entry_id, Reason.STORE_UNAVAILABLE)
             )
-        await self._forget(key.tenant, [*put.evicted, *put.expired])
-        await self._index_stored(key, vector)
+        await self._forget(tenant_tag(key.tenant), [*put.evicted, *put.expired])
+        await self._announce_stored(key, vector)
         return self._store_outcome(key, StoreOutcome(True, key.entry_id, evicted=len(put.evicted)))
 
     async def invalidate(self, tenant: str, *, entry_id: str = "", model: str = "") -> int:
@@ -186,7 +201,7 @@ class ResponseCache:
                 removed = len(ids)
         except StoreUnavailable as exc:
             raise Unavailable("cache store unavailable", retry_after_s=RETRY_AFTER_S) from exc
-        await self._forget(tenant, ids)
+        await self._forget(tenant_tag(tenant), ids)
         return removed
 
     async def feedback(self, tenant: str, entry_id: str, key: RequestKey | None) -> FeedbackOutcome:
@@ -199,7 +214,7 @@ class ResponseCache:
             removed = await self._store.feedback(tenant, entry_id, query)
         except StoreUnavailable as exc:
             raise Unavailable("cache store unavailable", retry_after_s=RETRY_AFTER_S) from exc
-        await self._forget(tenant, [entry_id])
+        await self._forget(tenant_tag(tenant), [entry_id])
         return FeedbackOutcome(removed=removed, pair_blocked=query is not None)
 
     async def stats(self, tenant: str | None) -> StatsView:
@@ -208,19 +223,32 @@ class ResponseCache:
         indexed = self._engine.indexed if self._engine is not None else 0
         ready = self._sync is not None and self._sync.ready.is_set()
         try:
-            if tenant is None:
-                tags = await self._store.tenant_tags()
-                usages = [await self._store.usage_for_tag(tag) for tag in tags]
-            else:
-                usages = [await self._store.usage(tenant)]
+            tags = await self._store.tenant_tags() if tenant is None else [tenant_tag(tenant)]
+            usages = [await self._store.usage_for_tag(tag) for tag in tags]
         except StoreUnavailable:
             return StatsView(counters, 0, 0, False, indexed, ready)
-        for usage in usages:
-            if self._engine is not None:
-                await self._engine.remove(usage.expired)
+        for tag, usage in zip(tags, usages, strict=True):
+            await self._forget(tag, usage.expired)
         entries = sum(u.entries for u in usages)
         used = sum(u.bytes for u in usages)
         return StatsView(counters, entries, used, True, indexed, ready)
+
+    async def record_hits(self, hits: Sequence[NearHits]) -> int:
+        """Account hits that callers served from their own copies as the exact lookups
+        they replace: in stats and metrics, and as recent use for the LRU (best effort: an
+        unavailable store costs only the recency). Returns how many were accounted."""
+        used: dict[str, set[str]] = {}
+        for hit in hits:
+            n = hit.count
+            self._stats.record(hit.tenant, Counters(lookups=n, exact_hits=n, near_hits=n))
+            used.setdefault(hit.tenant, set()).add(hit.entry_id)
+        total = sum(hit.count for hit in hits)
+        self._lookups[Kind.EXACT].inc(total)
+        self._metrics.near_hits.inc(total)
+        if used:
+            with contextlib.suppress(StoreUnavailable):  # the entries only age a bit sooner
+                await self._store.touch(used)
+        return total
 
     async def _lookup(self, key: RequestKey, options: LookupOptions) -> LookupResult:
         refused = self._refusal(key, options.allow_nondeterministic)
@@ -313,29 +341,30 @@ class ResponseCache:
             _log.exception("embedding for store failed")
             return None
 
-    async def _index_stored(self, key: RequestKey, vector: Vector | None) -> None:
-        if self._engine is None:
-            return
-        if vector is None or key.semantic_text is None:
-            if key.entry_id in self._engine:  # the entry it replaced had a vector
-                await self._forget(key.tenant, [key.entry_id])
-            return
-        item = IndexItem(key.namespace, key.entry_id, vector, key.semantic_text)
-        if not await self._engine.put([item]):
-            self._metrics.index_full.inc()
-            return
-        self._metrics.index_vectors.set(self._engine.indexed)
-        if self._sync is not None:
-            await self._sync.publish(key.tenant, ADD, [key.entry_id])
+    async def _announce_stored(self, key: RequestKey, vector: Vector | None) -> None:
+        """Index the new content here, then tell everyone that the id changed (the other
+        replicas re-read it for their indexes)."""
+        op = PUT
+        if self._engine is not None:
+            if vector is not None and key.semantic_text is not None:
+                item = IndexItem(key.namespace, key.entry_id, vector, key.semantic_text)
+                if await self._engine.put([item]):
+                    op = ADD
+                else:
+                    self._metrics.index_full.inc()
+            elif key.entry_id in self._engine:  # the entry it replaced had a vector
+                await self._engine.remove([key.entry_id])
+            self._metrics.index_vectors.set(self._engine.indexed)
+        await self._changes.publish(tenant_tag(key.tenant), op, [key.entry_id])
 
-    async def _forget(self, tenant: str, entry_ids: list[str]) -> None:
-        """Drop ids from this index and tell the other replicas."""
-        if not entry_ids or self._engine is None:
+    async def _forget(self, tag: str, entry_ids: Sequence[str]) -> None:
+        """Drop removed ids from this index and tell everyone."""
+        if not entry_ids:
             return
-        await self._engine.remove(entry_ids)
-        self._metrics.index_vectors.set(self._engine.indexed)
-        if self._sync is not None:
-            await self._sync.publish(tenant, DROP, entry_ids)
+        if self._engine is not None:
+            await self._engine.remove(entry_ids)
+            self._metrics.index_vectors.set(self._engine.indexed)
+        await self._changes.publish(tag, DROP, entry_ids)
 
     def _store_outcome(self, key: RequestKey, outcome: StoreOutcome) -> StoreOutcome:
         dropped = outcome.reason == Reason.STORE_UNAVAILABLE

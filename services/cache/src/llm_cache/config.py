@@ -182,6 +182,7 @@ class Limits:
     max_prompt_tokens: int = 1 << 20
     max_messages: int = 1024
     max_text_bytes: int = 4 * MIB  # prompt, or the messages' content in total
+    max_recorded_hits: int = 4096  # RecordHits entries per request
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -193,6 +194,29 @@ class Limits:
             ),
             max_messages=env_int(environ, "CACHE_MAX_MESSAGES", d.max_messages, min_value=1),
             max_text_bytes=env_int(environ, "CACHE_MAX_TEXT_BYTES", d.max_text_bytes, min_value=1),
+            max_recorded_hits=env_int(
+                environ, "CACHE_MAX_RECORDED_HITS", d.max_recorded_hits, min_value=1
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FeedSettings:
+    """The change feed (WatchChanges): how many streams, and how far one may fall behind."""
+
+    max_subscribers: int = 1024
+    # Messages (up to 1024 ids each) queued for one stream; a reader that lets more pile
+    # up has its stream ended rather than holding memory for it.
+    max_pending: int = 1024
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        d = cls()
+        return cls(
+            max_subscribers=env_int(
+                environ, "CACHE_FEED_MAX_SUBSCRIBERS", d.max_subscribers, min_value=1
+            ),
+            max_pending=env_int(environ, "CACHE_FEED_MAX_PENDING", d.max_pending, min_value=16),
         )
 
 
@@ -205,6 +229,7 @@ class Settings:
     policy: Policy = field(default_factory=Policy)
     semantic: SemanticSettings = field(default_factory=SemanticSettings)
     limits: Limits = field(default_factory=Limits)
+    feed: FeedSettings = field(default_factory=FeedSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -222,4 +247,5 @@ class Settings:
             policy=Policy.from_env(environ),
             semantic=SemanticSettings.from_env(environ),
             limits=Limits.from_env(environ),
+            feed=FeedSettings.from_env(environ),
         )

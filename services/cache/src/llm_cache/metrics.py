@@ -46,7 +46,26 @@ class CacheMetrics:
         )
         self.sync_errors = Counter(
             "llm_cache_index_sync_errors",
-            "Failures publishing or following index changes between replicas.",
+            "Failures publishing to, following or rebuilding from the replicas' change log.",
+            registry=registry,
+        )
+        self.changes_lost = Counter(
+            "llm_cache_changes_lost",
+            "Changes never published: the log was unreachable and the retry backlog full.",
+            registry=registry,
+        )
+        self.near_hits = Counter(
+            "llm_cache_near_hits",
+            "Exact hits callers served from their own copies (RecordHits; also in lookups).",
+            registry=registry,
+        )
+        self.feed_subscribers = Gauge(
+            "llm_cache_feed_subscribers", "Open WatchChanges streams.", registry=registry
+        )
+        self.feed_ended = Counter(
+            "llm_cache_feed_ended",
+            "WatchChanges streams ended by the service: store_unavailable, fell_behind, shutdown.",
+            ["reason"],
             registry=registry,
         )
 

@@ -71,16 +71,19 @@ return {evicted, expired}
 """
 )
 
-# KEYS: entry, lru; ARGV: id, now. Returns {response, created} or nil; marks the entry used.
+# KEYS: entry, lru; ARGV: id, now. Returns {response, created, ms to expiry} or nil; marks
+# the entry used.
 GET_EXACT = """
 local v = redis.call('HMGET', KEYS[1], 'r', 'c')
 if not v[1] then return nil end
 redis.call('ZADD', KEYS[2], 'XX', ARGV[2], ARGV[1])
+v[3] = redis.call('PTTL', KEYS[1])
 return v
 """
 
 # KEYS: lru, blk; ARGV: T, now, query digest, candidate ids best first.
-# Returns {id, response, created, missing ids, blocked ids}; id '' when none is servable.
+# Returns {id, response, created, missing ids, blocked ids, ms to expiry}; id '' when none
+# is servable.
 GET_SEMANTIC = """
 local T, now, query = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local missing, blocked = {}, {}
@@ -93,12 +96,12 @@ for i = 4, #ARGV do
     local v = redis.call('HMGET', T .. 'e:' .. id, 'r', 'c')
     if v[1] then
       redis.call('ZADD', KEYS[1], 'XX', now, id)
-      return {id, v[1], v[2], missing, blocked}
+      return {id, v[1], v[2], missing, blocked, redis.call('PTTL', T .. 'e:' .. id)}
     end
     missing[#missing + 1] = id
   end
 end
-return {'', '', '', missing, blocked}
+return {'', '', '', missing, blocked, 0}
 """
 
 # ARGV: T, ids... Returns how many of them were accounted entries.

@@ -1,5 +1,5 @@
-"""Wiring: Redis clients, the encoder and semantic engine, the index sync task, and
-CacheService on llm_common's server."""
+"""Wiring: Redis clients, the encoder and semantic engine, the change log with its
+listeners (index sync, change feed), and CacheService on llm_common's server."""
 
 from __future__ import annotations
 
@@ -14,8 +14,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from llm_cache.cache import ResponseCache
+from llm_cache.changes import ChangeLog
 from llm_cache.config import RedisSettings, SemanticSettings, Settings
 from llm_cache.encoder import Encoder, EncoderLoadError, default_model_dir, fast_dtype
+from llm_cache.feed import ChangeFeed
 from llm_cache.index import VectorIndex
 from llm_cache.metrics import CacheMetrics, default_cache_metrics
 from llm_cache.semantic import SemanticEngine
@@ -31,11 +33,12 @@ from llmapi.cache.v1 import cache_service_pb2 as pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as pb_grpc
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
-# Called on every generation request: no access line each (llm_rpc_* metrics count them, and
-# an unexpected error is still logged with its traceback).
-QUIET_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Lookup", "Store"))
+# Called on every generation request, or every second by every router (RecordHits): no
+# access line each (llm_rpc_* metrics count them, and an unexpected error is still logged
+# with its traceback).
+QUIET_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Lookup", "Store", "RecordHits"))
 BREAKER_NAME = "cache-redis"
-_FOLLOW_TIMEOUT_S = 5.0  # the follower's XREAD blocks for 1 s
+_FOLLOW_TIMEOUT_S = 5.0  # the follower's XREAD blocks for 0.9 s
 
 
 def redis_client(settings: RedisSettings, *, timeout_s: float | None = None) -> aioredis.Redis:
@@ -65,7 +68,8 @@ def encoder_dtype(settings: SemanticSettings) -> torch.dtype:
 
 
 class CacheApp:
-    """Owns everything with a lifetime: Redis clients, the semantic worker, the sync task."""
+    """Owns everything with a lifetime: Redis clients, the semantic worker, the change log's
+    follower and the index rebuild."""
 
     def __init__(
         self,
@@ -87,36 +91,48 @@ class CacheApp:
         )
         self.store = RedisStore(self._client, settings.redis, settings.policy, breaker)
         self.engine = _engine(settings.semantic, encoder)
-        self.sync = (
-            IndexSync(
-                self.store, self.engine, self._follower, settings.redis.key_prefix, self.metrics
-            )
-            if self.engine is not None
-            else None
+        self.changes = ChangeLog(
+            self.store, self._follower, settings.redis.key_prefix, self.metrics
         )
+        self.feed = ChangeFeed(settings.feed, self.metrics)
+        self.changes.listen(self.feed)  # first: callers' copies matter more than the index
+        self.sync: IndexSync | None = None
+        if self.engine is not None:
+            self.sync = IndexSync(self.store, self.engine, self.changes, self.metrics)
+            self.changes.listen(self.sync)
         self.cache = ResponseCache(
             self.store,
             self.engine,
+            self.changes,
             self.sync,
             semantic=settings.semantic,
             policy=settings.policy,
             stats=Stats(),
             metrics=self.metrics,
         )
-        self._sync_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Start the semantic worker and the index rebuild/follow task. Does not wait for
-        Redis: the service serves (exact hits, misses) while the index warms up."""
+        """Start following the change log, and the semantic worker and index rebuild. Does
+        not wait for Redis: the service serves (exact hits, misses) while the index warms
+        up, and the change feed goes live once the log is read."""
+        self._tasks.append(asyncio.create_task(self.changes.run(), name="change-log"))
         if self.engine is not None and self.sync is not None:
             self.engine.start()
-            self._sync_task = asyncio.create_task(self.sync.run(), name="index-sync")
+            self._tasks.append(asyncio.create_task(self.sync.run(), name="index-rebuild"))
+
+    def stopping(self) -> None:
+        """The service is about to stop: end the change feed's streams now, so that the
+        server's graceful stop does not wait its whole grace period for them."""
+        self.feed.close()
 
     async def close(self) -> None:
-        if self._sync_task is not None:
-            self._sync_task.cancel()
+        self.feed.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._sync_task
+                await task
         if self.engine is not None:
             await self.engine.close()
         await self.store.aclose()
@@ -138,7 +154,7 @@ def _engine(settings: SemanticSettings, encoder: Encoder | None) -> SemanticEngi
 
 def build_spec(app: CacheApp) -> ServiceSpec:
     """The ServiceSpec for llm_common.server: CacheService over `app`."""
-    servicer = CacheServicer(app.cache, app.settings.limits, app.settings.policy)
+    servicer = CacheServicer(app.cache, app.feed, app.settings.limits, app.settings.policy)
 
     def register(server: grpc.aio.Server) -> None:
         pb_grpc.add_CacheServiceServicer_to_server(servicer, server)
@@ -164,4 +180,16 @@ async def serve(
         torch.set_num_threads(settings.semantic.encoder_threads)
         encoder = await asyncio.to_thread(load_encoder, settings.semantic)
     app = CacheApp(settings, encoder)
-    await common_server.serve(settings.server, build_spec(app), stop=stop, ready=ready)
+    # The signal handlers set this event; ending the streams on it, before the server's
+    # graceful stop begins, lets that stop finish as soon as unary calls have.
+    stop = stop if stop is not None else asyncio.Event()
+    watcher = asyncio.create_task(_call_when_set(stop, app.stopping), name="feed-stopper")
+    try:
+        await common_server.serve(settings.server, build_spec(app), stop=stop, ready=ready)
+    finally:
+        watcher.cancel()
+
+
+async def _call_when_set(event: asyncio.Event, fn: Callable[[], None]) -> None:
+    await event.wait()
+    fn()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -11,12 +12,14 @@ from llm_cache.cache import (
     Kind,
     LookupOptions,
     LookupResult,
+    NearHits,
     ResponseCache,
     StatsView,
     StoreOptions,
 )
 from llm_cache.canonical import request_key
 from llm_cache.config import Limits, Policy
+from llm_cache.feed import HEARTBEAT_INTERVAL_MS, ChangeFeed
 from llm_common.validation import Violations
 from llmapi.cache.v1 import cache_service_pb2 as pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as pb_grpc
@@ -35,8 +38,11 @@ _COMPLETE = frozenset({common_pb2.FINISH_REASON_STOP, common_pb2.FINISH_REASON_L
 class CacheServicer(pb_grpc.CacheServiceServicer):
     """llmapi.cache.v1.CacheService over a ResponseCache."""
 
-    def __init__(self, cache: ResponseCache, limits: Limits, policy: Policy) -> None:
+    def __init__(
+        self, cache: ResponseCache, feed: ChangeFeed, limits: Limits, policy: Policy
+    ) -> None:
         self._cache = cache
+        self._feed = feed
         self._limits = limits
         self._policy = policy
 
@@ -130,6 +136,24 @@ class CacheServicer(pb_grpc.CacheServiceServicer):
         view = await self._cache.stats(request.tenant_id or None)
         return _stats_response(view, self._policy.tenant_budget_bytes)
 
+    async def WatchChanges(  # noqa: N802
+        self, request: pb.WatchChangesRequest, context: Context
+    ) -> AsyncIterator[pb.WatchChangesResponse]:
+        with self._feed.subscribe() as subscription:
+            async for entry_ids in subscription:
+                yield pb.WatchChangesResponse(
+                    entry_ids=entry_ids, heartbeat_interval_ms=HEARTBEAT_INTERVAL_MS
+                )
+
+    async def RecordHits(  # noqa: N802
+        self, request: pb.RecordHitsRequest, context: Context
+    ) -> pb.RecordHitsResponse:
+        v = Violations()
+        validation.check_recorded_hits(v, "hits", request.hits, self._limits)
+        v.raise_if_any()
+        hits = [NearHits(h.tenant_id, h.entry_id, h.count) for h in request.hits]
+        return pb.RecordHitsResponse(recorded=await self._cache.record_hits(hits))
+
 
 def _lookup_response(result: LookupResult) -> pb.LookupResponse:
     response = pb.LookupResponse(
@@ -139,6 +163,8 @@ def _lookup_response(result: LookupResult) -> pb.LookupResponse:
         response.entry_id = result.hit.entry_id
         response.response.MergeFromString(result.hit.response)
         response.response.created_at.FromMilliseconds(result.hit.created_ms)
+        if result.hit.expires_ms:
+            response.expires_at.FromMilliseconds(result.hit.expires_ms)
     return response
 
 
@@ -162,4 +188,5 @@ def _stats_response(view: StatsView, budget_bytes: int) -> pb.StatsResponse:
         stores=c.stores,
         indexed_vectors=view.indexed_vectors,
         index_ready=view.index_ready,
+        near_hits=c.near_hits,
     )

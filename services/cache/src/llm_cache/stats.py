@@ -19,6 +19,7 @@ class Counters:
     dropped_stores: int = 0
     evictions: int = 0
     guard_rejections: int = 0
+    near_hits: int = 0  # exact hits callers served from their own copies (RecordHits)
 
     def add(self, other: Counters) -> None:
         for name in _NAMES:  # fields() on every call cost more than the additions (hot path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
@@ -66,6 +66,7 @@ class Hit:
     entry_id: str
     response: bytes
     created_ms: int
+    expires_ms: int = 0  # wall clock; 0: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,22 +184,22 @@ class RedisStore:
 
     async def get_exact(self, tenant: str, entry_id: str) -> Hit | None:
         k = self.keys(tenant)
-        reply = await self._read(
-            "GET_EXACT", [k.entry(entry_id), k.lru], [entry_id, self._now_ms()]
-        )
+        now = self._now_ms()
+        reply = await self._read("GET_EXACT", [k.entry(entry_id), k.lru], [entry_id, now])
         if not reply:
             return None
-        return Hit(entry_id, reply[0], int(reply[1] or 0))
+        return Hit(entry_id, reply[0], int(reply[1] or 0), _expiry(now, reply[2]))
 
     async def get_semantic(
         self, tenant: str, query_digest: str, candidates: Sequence[str]
     ) -> SemanticFetch:
         k = self.keys(tenant)
-        args: list[str | int] = [k.prefix, self._now_ms(), query_digest, *candidates]
-        found, response, created, missing, blocked = await self._read(
+        now = self._now_ms()
+        args: list[str | int] = [k.prefix, now, query_digest, *candidates]
+        found, response, created, missing, blocked, ttl = await self._read(
             "GET_SEMANTIC", [k.lru, k.blocked], args
         )
-        hit = Hit(_text(found), response, int(created or 0)) if found else None
+        hit = Hit(_text(found), response, int(created or 0), _expiry(now, ttl)) if found else None
         return SemanticFetch(hit, _ids(missing), _ids(blocked))
 
     async def put(self, tenant: str, entry: NewEntry) -> PutResult:
@@ -241,17 +242,22 @@ class RedisStore:
         existed = await self._run("FEEDBACK", [*k.accounting, k.blocked], args)
         return bool(existed)
 
-    async def usage(self, tenant: str) -> Usage:
-        return await self.usage_for_tag(tenant_tag(tenant))
-
     async def usage_for_tag(self, tag: str) -> Usage:
         k = self.keys_for_tag(tag)
         entries, used, expired = await self._run("USAGE", k.accounting, [k.prefix, self._now_ms()])
         return Usage(int(entries), int(used), _ids(expired))
 
-    async def append_log(self, stream: str, fields: dict[str, str], max_len: int) -> None:
-        """Append to the replicas' change log, trimmed to about `max_len` events."""
-        await self._call(self._client.xadd, stream, fields, maxlen=max_len, approximate=True)  # type: ignore[arg-type]
+    async def touch(self, used: Mapping[str, Collection[str]]) -> None:
+        """Mark entries (ids by tenant) used now for the LRU, in one round trip. Ids that
+        are gone are skipped (ZADD XX)."""
+        await self._call(self._touch, used, self._now_ms())
+
+    async def append_log(
+        self, stream: str, events: Sequence[Mapping[str, str]], max_len: int
+    ) -> None:
+        """Append events to the replicas' change log in one round trip, trimmed to about
+        `max_len` events."""
+        await self._call(self._append, stream, events, max_len)
 
     async def tenant_tags(self) -> list[str]:
         members = await self._call(self._client.smembers, self.tenants_key)
@@ -282,6 +288,19 @@ class RedisStore:
             for entry_id, (ns, vector, text) in zip(ids, rows, strict=True)
             if ns is not None and vector is not None and text is not None
         ]
+
+    async def _touch(self, used: Mapping[str, Collection[str]], now: int) -> None:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for tenant, ids in used.items():
+                if ids:
+                    pipe.zadd(self.keys(tenant).lru, dict.fromkeys(ids, now), xx=True)
+            await pipe.execute()
+
+    async def _append(self, stream: str, events: Sequence[Mapping[str, str]], max_len: int) -> None:
+        async with self._client.pipeline(transaction=False) as pipe:
+            for fields in events:
+                pipe.xadd(stream, dict(fields), maxlen=max_len, approximate=True)  # type: ignore[arg-type]
+            await pipe.execute()
 
     async def _drain(self, script: str, keys: list[str], prefix: str) -> list[str]:
         removed: list[str] = []
@@ -339,6 +358,12 @@ class RedisStore:
 
     def _now_ms(self) -> int:
         return int(self._clock() * 1000)
+
+
+def _expiry(now_ms: int, ttl_ms: int | bytes | None) -> int:
+    """The wall-clock expiry from a PTTL reply; 0 when unknown (no expiry, or gone)."""
+    ttl = int(ttl_ms or 0)
+    return now_ms + ttl if ttl > 0 else 0
 
 
 def _ids(values: Sequence[bytes | str] | None) -> tuple[str, ...]:

@@ -1,44 +1,26 @@
-"""Keeps each replica's semantic index in step with Redis: a rebuild at start, then a
-change log (a Redis stream) that every replica follows."""
+"""Keeps each replica's semantic index in step with Redis: a rebuild at start, then the
+other replicas' changes from the change log."""
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from llm_cache.canonical import tenant_tag
+from llm_cache.changes import DROP, Change, ChangeLog
 from llm_cache.metrics import CacheMetrics
 from llm_cache.semantic import IndexItem, SemanticEngine
 from llm_cache.store import IndexedEntry, RedisStore, StoreUnavailable
 from llm_common.logging import get_logger
 from llm_common.resilience import Backoff
 
-ADD, DROP = "a", "d"
-LOG_MAX_EVENTS = 100_000  # approximate stream length kept for replicas that fall behind
-_READ_BLOCK_MS = 1000
-_READ_COUNT = 256
 _log = get_logger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
-    """One change-log event: entries of one tenant added to or dropped from the index."""
-
-    origin: str
-    op: str
-    tag: str
-    entry_ids: tuple[str, ...]
-
-
 class IndexSync:
-    """Publishes this replica's index changes and applies everyone else's.
+    """Rebuilds the index and applies everyone else's changes (a ChangeListener).
 
     Stores and removals on any replica reach the others within about a second. A replica
     that was down or lagged past the log's length misses some additions (fewer semantic
@@ -50,56 +32,50 @@ class IndexSync:
         self,
         store: RedisStore,
         engine: SemanticEngine,
-        follower: aioredis.Redis,
-        key_prefix: str,
+        log: ChangeLog,
         metrics: CacheMetrics,
         *,
         backoff: Backoff | None = None,
     ) -> None:
         self._store = store
         self._engine = engine
-        self._follower = follower  # its own connection: XREAD blocks
-        self._stream = f"{key_prefix}log"
+        self._log = log
         self._metrics = metrics
         self._backoff = backoff or Backoff(base=0.5, cap=30.0, jitter=0.5)
-        self.origin = uuid.uuid4().hex
         self.ready = asyncio.Event()  # set once the start-up rebuild has finished
 
-    async def publish(self, tenant: str, op: str, entry_ids: Sequence[str]) -> None:
-        """Tell the other replicas; a failure only costs them hits, so it is counted, not
-        raised."""
-        if not entry_ids:
-            return
-        fields = {"o": self.origin, "op": op, "t": tenant_tag(tenant), "ids": ",".join(entry_ids)}
-        try:
-            await self._store.append_log(self._stream, fields, LOG_MAX_EVENTS)
-        except StoreUnavailable:
-            self._metrics.sync_errors.inc()
-
     async def run(self) -> None:
-        """Rebuild the index from Redis (retrying until Redis answers), then follow the log
-        until cancelled."""
-        position = await self._retrying(self._rebuild)
-        self.ready.set()
-        while True:
-            position = await self._retrying(self._follow, position)
+        """Rebuild the index from Redis, retrying until Redis answers.
 
-    async def _retrying(self, step: Callable[..., Awaitable[str]], *args: str) -> str:
+        It starts once the log's follower has its start position: changes from then on are
+        applied as they are read, also during the scan, so none falls between the two.
+        Applying one twice, or before the scan, is harmless (put and remove are idempotent;
+        a vector the scan re-adds after its removal is dropped at its first read-back).
+        """
+        await self._log.positioned.wait()
         attempt = 0
         while True:
             try:
-                return await step(*args)
+                await self._rebuild()
+                break
             except (RedisError, OSError, StoreUnavailable) as exc:
                 attempt += 1
                 self._metrics.sync_errors.inc()
                 delay = self._backoff.delay(attempt)
-                _log.warning("index sync failed", error=type(exc).__name__, retry_in_s=delay)
+                _log.warning("index rebuild failed", error=type(exc).__name__, retry_in_s=delay)
                 await asyncio.sleep(delay)
+        self.ready.set()
 
-    async def _rebuild(self) -> str:
-        # The log position is taken first: changes made during the scan are applied again
-        # afterwards, which is harmless (put and remove are idempotent).
-        position = await self._last_position()
+    async def changed(self, changes: Sequence[Change]) -> None:
+        for change in changes:
+            if change.origin != self._log.origin:  # this replica applied its own already
+                await self._apply(change)
+        self._metrics.index_vectors.set(self._engine.indexed)
+
+    def interrupted(self) -> None:
+        """Nothing to undo: the log resumes where it stopped."""
+
+    async def _rebuild(self) -> None:
         await self._engine.clear()
         total = 0
         for tag in await self._store.tenant_tags():
@@ -107,27 +83,18 @@ class IndexSync:
                 total += await self._index(batch)
         _log.info("semantic index rebuilt", vectors=total)
         self._metrics.index_vectors.set(self._engine.indexed)
-        return position
 
-    async def _follow(self, position: str) -> str:
-        reply: Any = await self._follower.xread(
-            {self._stream: position}, count=_READ_COUNT, block=_READ_BLOCK_MS
-        )
-        for _, events in reply or ():
-            for event_id, fields in events:
-                await self._apply(_parse(fields))
-                position = event_id.decode()
-        self._metrics.index_vectors.set(self._engine.indexed)
-        return position
-
-    async def _apply(self, change: Change | None) -> None:
-        if change is None or change.origin == self.origin:
-            return
+    async def _apply(self, change: Change) -> None:
         if change.op == DROP:
             await self._engine.remove(change.entry_ids)
-        elif change.op == ADD:
-            keys = self._store.keys_for_tag(change.tag)
-            await self._index(await self._store.fetch_indexed(keys, change.entry_ids))
+            return
+        # Stored: index what Redis holds now; an entry stored without a vector, or gone
+        # since, must not keep an older vector here.
+        keys = self._store.keys_for_tag(change.tag)
+        entries = await self._store.fetch_indexed(keys, change.entry_ids)
+        await self._index(entries)
+        found = {e.entry_id for e in entries}
+        await self._engine.remove([i for i in change.entry_ids if i not in found])
 
     async def _index(self, entries: list[IndexedEntry]) -> int:
         width = self._engine.dim * 4  # float32; anything else came from another encoder
@@ -140,15 +107,3 @@ class IndexSync:
         if indexed < len(items):
             self._metrics.index_full.inc(len(items) - indexed)
         return indexed
-
-    async def _last_position(self) -> str:
-        last: Any = await self._follower.xrevrange(self._stream, count=1)
-        return str(last[0][0].decode()) if last else "0-0"
-
-
-def _parse(fields: dict[bytes, bytes]) -> Change | None:
-    try:
-        ids = tuple(i for i in fields[b"ids"].decode().split(",") if i)
-        return Change(fields[b"o"].decode(), fields[b"op"].decode(), fields[b"t"].decode(), ids)
-    except (KeyError, UnicodeDecodeError):
-        return None  # not ours: ignore rather than stall the follower

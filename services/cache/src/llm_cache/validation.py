@@ -11,6 +11,10 @@ from llmapi.cache.v1 import cache_service_pb2 as pb
 from llmapi.common.v1 import common_pb2
 
 ENTRY_ID = re.compile(r"[0-9a-f]{32}")
+MAX_HIT_COUNT = 1_000_000
+# A bad report of thousands of hits is described by its first few: the status details
+# travel in a trailer, which peers limit to a few KiB.
+MAX_HIT_VIOLATIONS = 16
 MAX_STOP_STRINGS = 16
 MAX_STOP_BYTES = 256
 MAX_STOP_TOKEN_IDS = 64
@@ -73,6 +77,25 @@ def check_response(v: Violations, field: str, r: pb.CachedResponse) -> None:
     _check_token_ids(v, f"{field}.token_ids", r.token_ids, 1 << 24)
     for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "total_tokens"):
         v.require(getattr(r.usage, name) >= 0, f"{field}.usage.{name}", "must be >= 0")
+
+
+def check_recorded_hits(
+    v: Violations, field: str, hits: Sequence[pb.RecordedHit], limits: Limits
+) -> None:
+    """At most max_recorded_hits, each with a tenant, an entry id and a count in range."""
+    if not check_repeated(v, field, hits, max_items=limits.max_recorded_hits):
+        return
+    start = len(v)
+    for i, hit in enumerate(hits):
+        if len(v) - start >= MAX_HIT_VIOLATIONS:
+            return
+        check_id(v, f"{field}[{i}].tenant_id", hit.tenant_id, limits, required=True)
+        check_entry_id(v, f"{field}[{i}].entry_id", hit.entry_id, required=True)
+        v.require(
+            1 <= hit.count <= MAX_HIT_COUNT,
+            f"{field}[{i}].count",
+            f"must be in 1..{MAX_HIT_COUNT}",
+        )
 
 
 def check_ttl(v: Violations, field: str, ttl_s: int, policy: Policy) -> None:

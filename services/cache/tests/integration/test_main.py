@@ -1,5 +1,5 @@
 """`python -m llm_cache` as a process: bad settings exit 2 with one line; it serves with
-the real encoder and drains on SIGTERM."""
+the real encoder and drains on SIGTERM, ending change feed streams first."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -81,8 +82,15 @@ def test_serves_then_drains_on_sigterm(redis_url: str, redis_prefix: str, redis_
             assert stub.Store(pb.StoreRequest(key=key, response=response), timeout=10).stored
             found = stub.Lookup(pb.LookupRequest(key=key), timeout=10)
             assert found.kind == pb.HIT_KIND_EXACT
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=START_TIMEOUT_S) == 0
+            changes = stub.WatchChanges(pb.WatchChangesRequest(), timeout=START_TIMEOUT_S)
+            next(changes)  # live
+
+            started = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            list(changes)  # ends cleanly (OK), whatever heartbeats were still on their way
+            assert process.wait(timeout=START_TIMEOUT_S) == 0
+        # The open stream did not hold the drain for its whole grace period (10 s).
+        assert time.monotonic() - started < 5
     finally:
         if process.poll() is None:
             process.kill()

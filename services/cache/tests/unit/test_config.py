@@ -19,6 +19,8 @@ def test_defaults() -> None:
     assert settings.policy.default_ttl_s == 86_400
     assert settings.redis.key_prefix == "llmcache:"
     assert settings.semantic.encoder_dtype == "auto"
+    assert settings.limits.max_recorded_hits == 4096
+    assert (settings.feed.max_subscribers, settings.feed.max_pending) == (1024, 1024)
 
 
 def test_overrides() -> None:
@@ -30,6 +32,9 @@ def test_overrides() -> None:
             "CACHE_SEMANTIC_GUARD": "false",
             "CACHE_ENCODER_DIR": "/models/minilm",
             "CACHE_ENCODER_DTYPE": "float32",
+            "CACHE_MAX_RECORDED_HITS": "100",
+            "CACHE_FEED_MAX_SUBSCRIBERS": "8",
+            "CACHE_FEED_MAX_PENDING": "64",
         }
     )
     assert settings.redis.url == "redis://cache-redis:6379/2"
@@ -38,6 +43,8 @@ def test_overrides() -> None:
     assert not settings.semantic.guard
     assert str(settings.semantic.model_dir) == "/models/minilm"
     assert settings.semantic.encoder_dtype == "float32"
+    assert settings.limits.max_recorded_hits == 100
+    assert (settings.feed.max_subscribers, settings.feed.max_pending) == (8, 64)
 
 
 @pytest.mark.parametrize(
@@ -53,6 +60,9 @@ def test_overrides() -> None:
          "CACHE_SEMANTIC_CANDIDATES"),
         ({"GRPC_PORT": "70000"}, "GRPC_PORT"),
         ({"CACHE_ENCODER_DTYPE": "int4"}, "CACHE_ENCODER_DTYPE"),
+        ({"CACHE_FEED_MAX_SUBSCRIBERS": "0"}, "CACHE_FEED_MAX_SUBSCRIBERS"),
+        ({"CACHE_FEED_MAX_PENDING": "4"}, "CACHE_FEED_MAX_PENDING"),
+        ({"CACHE_MAX_RECORDED_HITS": "none"}, "CACHE_MAX_RECORDED_HITS"),
     ],
 )  # fmt: skip
 def test_bad_values_name_the_variable(environ: dict[str, str], variable: str) -> None:

@@ -553,6 +553,24 @@ class CacheClient:
         )
         return response.stored
 
+    async def record_hits(self, hits: Sequence[cache_pb.RecordedHit], timeout_s: float) -> int:
+        """Account exact hits served from the router's near cache."""
+        request = cache_pb.RecordHitsRequest(hits=hits)
+        response = await _guarded(
+            self._breaker, self.service, lambda: self._stub.RecordHits(request, timeout=timeout_s)
+        )
+        return response.recorded
+
+    async def watch_changes(self) -> AsyncIterator[cache_pb.WatchChangesResponse]:
+        """The cache's change feed until the stream breaks (AioRpcError). No breaker: a
+        long-lived stream is no sample of the cache's health."""
+        call = self._stub.WatchChanges(cache_pb.WatchChangesRequest())
+        try:
+            async for message in call:
+                yield message
+        finally:
+            call.cancel()
+
 
 class ReplicaChannels:
     """How to reach a replica: directly (a channel per address) or through the mesh (one

@@ -21,6 +21,7 @@ from llm_common.config import (
 from llm_router.attestation import AttestationSettings
 from llm_router.batching import MAX_BATCH_ITEMS
 from llm_router.local_tokenizer import TokenizeMode
+from llm_router.near_cache import NearCacheSettings
 from llm_router.quota_lease import LeaseSettings
 from llm_router.token_memo import MemoSettings
 
@@ -349,6 +350,7 @@ class Settings:
     tokenize: TokenizeMode = TokenizeMode.SPECULATE
     attestation: AttestationSettings = field(default_factory=AttestationSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
+    near_cache: NearCacheSettings = field(default_factory=NearCacheSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -358,6 +360,7 @@ class Settings:
         ROUTER_TOKENIZE (speculate | service | auto | local: see local_tokenizer),
         ROUTER_TOKENIZER_ATTEST_INTERVAL_S / _AUDIT_RATE (see attestation),
         ROUTER_QUOTA_LEASE_S / _MAX_SHARE (see quota_lease),
+        ROUTER_NEAR_CACHE_ENTRIES / _MAX_BYTES / _TTL_S / _REPORT_S (see near_cache; 0 = off),
         the *_SERVICE_ADDR variables and ROUTER_*;
         ConfigError names the offending variable."""
         server = ServerSettings.from_env(
@@ -381,6 +384,7 @@ class Settings:
             tokenize=_tokenize_mode(environ),
             attestation=_attestation_from_env(environ),
             leases=_leases_from_env(environ),
+            near_cache=_near_cache_from_env(environ),
         )
 
 
@@ -420,4 +424,22 @@ def _memo_from_env(environ: Mapping[str, str]) -> MemoSettings:
     return MemoSettings(
         max_tokens=env_int(environ, "ROUTER_TOKEN_MEMO_TOKENS", d.max_tokens, min_value=0),
         ttl_s=env_float(environ, "ROUTER_TOKEN_MEMO_TTL_S", d.ttl_s, min_value=0.001),
+    )
+
+
+def _near_cache_from_env(environ: Mapping[str, str]) -> NearCacheSettings:
+    d = NearCacheSettings()
+    return NearCacheSettings(
+        max_entries=env_int(environ, "ROUTER_NEAR_CACHE_ENTRIES", d.max_entries, min_value=0),
+        max_bytes=env_int(environ, "ROUTER_NEAR_CACHE_MAX_BYTES", d.max_bytes, min_value=0),
+        ttl_s=env_float(
+            environ, "ROUTER_NEAR_CACHE_TTL_S", d.ttl_s, min_value=0.001, max_value=3600.0
+        ),
+        report_interval_s=env_float(
+            environ,
+            "ROUTER_NEAR_CACHE_REPORT_S",
+            d.report_interval_s,
+            min_value=0.01,
+            max_value=60.0,
+        ),
     )

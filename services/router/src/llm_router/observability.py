@@ -67,6 +67,13 @@ class RouterMetrics:
             ["result"],
             registry=registry,
         )
+        self.near_cache = Counter(
+            "llm_router_near_cache",
+            "Near cache events: hit, stored, not_stored, invalidated (copies dropped by the "
+            "change feed), feed_lost, report_failed, report_dropped.",
+            ["event"],
+            registry=registry,
+        )
         self.phase = Histogram(
             "llm_router_phase_seconds",
             "Time spent in each phase of a request.",

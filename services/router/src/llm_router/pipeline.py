@@ -18,6 +18,8 @@ from llm_router.dispatch import Dispatcher, Started
 from llm_router.generation import CachedSource, Generation, LiveSource, RequestInfo
 from llm_router.identity import SCOPE_COMPLETION, Caller
 from llm_router.model_routing import AUTO_MODEL, GENERATION, ModelRouter
+from llm_router.near_cache import NearCache, near_key
+from llm_router.near_feed import HitReporter
 from llm_router.observability import RouterMetrics, phase
 from llm_router.policies import PolicyBook, TenantPolicy
 from llm_router.requests import GenerationRequest, Kind
@@ -74,7 +76,9 @@ class Pipeline:
         overlap_admission: bool = True,
         lookup_grace_s: float = 0.05,
         speculate_below_hit_rate: float = 0.0,
+        near: tuple[NearCache, HitReporter] | None = None,
     ) -> None:
+        self._near = near
         self._overlap = overlap_admission
         self._lookup_grace_s = lookup_grace_s
         self._speculation = Speculation(speculate_below_hit_rate)
@@ -411,12 +415,31 @@ class Pipeline:
         )
         if request.cache.similarity_threshold is not None:
             options.similarity_threshold = request.cache.similarity_threshold
+        lookup = cache_pb.LookupRequest(key=key, options=options)
+        if self._near is None:
+            return await self._remote_lookup(lookup)
+        near, reporter = self._near
+        near_id = near_key(lookup)
+        kept = near.get(near_id)
+        if kept is not None:
+            reporter.record(key.tenant_id, kept.entry_id)
+            self._metrics.near_cache.labels("hit").inc()
+            self._count_lookup("exact")
+            return kept
+        since = near.begin()
+        response = await self._remote_lookup(lookup)
+        if response is not None and response.kind == cache_pb.HIT_KIND_EXACT:
+            kept_now = near.put(near_id, response, since)
+            self._metrics.near_cache.labels("stored" if kept_now else "not_stored").inc()
+        return response
+
+    async def _remote_lookup(
+        self, lookup: cache_pb.LookupRequest
+    ) -> cache_pb.LookupResponse | None:
         with phase(self._metrics, "cache_lookup"):
             started = time.perf_counter()
             try:
-                response = await self._cache.lookup(
-                    cache_pb.LookupRequest(key=key, options=options)
-                )
+                response = await self._cache_client().lookup(lookup)
                 self._speculation.latency.observe(time.perf_counter() - started)
             except ServiceError as err:
                 # The cache is optional: any failure is a miss.
@@ -424,10 +447,16 @@ class Pipeline:
                 _log.info("cache lookup failed", code=err.code.name)
                 return None
         kind = _HIT_LABELS.get(response.kind, "miss")
+        self._count_lookup(kind)
+        return response if kind in ("exact", "semantic") else None
+
+    def _count_lookup(self, kind: str) -> None:
         self._metrics.cache.labels(kind).inc()
-        hit = kind in ("exact", "semantic")
-        self._speculation.hits.observe(hit)
-        return response if hit else None
+        self._speculation.hits.observe(kind in ("exact", "semantic"))
+
+    def _cache_client(self) -> CacheClient:
+        assert self._cache is not None
+        return self._cache
 
 
 _HIT_LABELS = {

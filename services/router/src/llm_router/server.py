@@ -39,6 +39,8 @@ from llm_router.load import LoadBoard
 from llm_router.load_watch import LoadWatcher
 from llm_router.local_tokenizer import TokenizeMode, load_local
 from llm_router.model_routing import ModelRouter
+from llm_router.near_cache import NearCache
+from llm_router.near_feed import HitReporter, NearCacheFeed
 from llm_router.observability import RouterMetrics
 from llm_router.openai_http import OpenAIHttp, start_openai_http
 from llm_router.pipeline import Pipeline
@@ -90,9 +92,13 @@ class Runtime:
     http_listen: tuple[str, int, str] | None = None  # host, port, the router's own gRPC target
     region_header: str = "x-llm-region"
     http: OpenAIHttp | None = None
+    near: tuple[NearCacheFeed, HitReporter] | None = None
 
     async def start(self) -> None:
         self.watcher.start()
+        if self.near is not None:
+            for part in self.near:
+                part.start()
         self.attesting.start()
         self.spool.start()
         if self.http_listen is not None:
@@ -105,6 +111,9 @@ class Runtime:
         if self.http is not None:  # no new HTTP requests while the rest drains
             await self.http.close()
         await self.watcher.stop()
+        if self.near is not None:
+            for part in self.near:
+                await part.stop()  # the reporter sends its last hits
         await self.attesting.stop()
         await self.tokenizer.aclose()
         # Settlements of the last requests still go out (or into the outbox) before exit:
@@ -199,8 +208,11 @@ async def build_runtime(
     if d.auth_addr is not None:
         quota = QuotaClient(channel(d.auth_addr), d.call_timeout_s, breakers["auth"])
     cache = None
+    near = None
     if d.cache_addr is not None:
         cache = CacheClient(channel(d.cache_addr), d.call_timeout_s, breakers["cache"])
+        if settings.near_cache.enabled:
+            near = _near_cache(settings, cache, metrics, rng)
 
     outbox = await Outbox.open(settings.outbox_dir / OUTBOX_FILE)
     spool = BillingSpool(
@@ -275,6 +287,7 @@ async def build_runtime(
         overlap_admission=d.overlap_admission,
         lookup_grace_s=d.lookup_grace_s,
         speculate_below_hit_rate=d.speculate_below_hit_rate,
+        near=(near[0], near[2]) if near is not None else None,
     )
     embedder = Embedder(
         router=router,
@@ -313,7 +326,22 @@ async def build_runtime(
         breakers=breakers,
         http_listen=_http_listen(settings),
         region_header=r.region_header,
+        near=(near[1], near[2]) if near is not None else None,
     )
+
+
+def _near_cache(
+    settings: Settings, cache: CacheClient, metrics: RouterMetrics, rng: random.Random
+) -> tuple[NearCache, NearCacheFeed, HitReporter]:
+    near = NearCache(settings.near_cache)
+    feed = NearCacheFeed(cache, near, metrics.near_cache, rng=rng)
+    reporter = HitReporter(
+        cache,
+        metrics.near_cache,
+        interval_s=settings.near_cache.report_interval_s,
+        timeout_s=settings.downstream.settle_timeout_s,
+    )
+    return near, feed, reporter
 
 
 def _http_listen(settings: Settings) -> tuple[str, int, str] | None:

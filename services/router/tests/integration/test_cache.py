@@ -10,6 +10,7 @@ import pytest
 import pytest_asyncio
 
 from llm_common.testing import free_port
+from llm_router.config import Settings
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as cache_grpc
 from llmapi.common.v1 import common_pb2
@@ -34,13 +35,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def router(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Router]:
     catalog = with_deployments(stack.catalog, deployment("d", stack.replica_addrs))
-    # A generous lookup grace and no speculation: generation never starts before the cache
-    # has answered.
-    settings = router_settings(
-        stack, tmp_path_factory.mktemp("r"), lookup_grace_s=5.0, speculate_below_hit_rate=0.0
-    )
-    async with running_router(settings, catalog) as r:
+    async with running_router(lookup_first(stack, tmp_path_factory.mktemp("r")), catalog) as r:
         yield r
+
+
+def lookup_first(stack: Stack, workdir: Path) -> Settings:
+    """A generous lookup grace and no speculation: generation never starts before the cache
+    has answered."""
+    return router_settings(stack, workdir, lookup_grace_s=5.0, speculate_below_hit_rate=0.0)
 
 
 def chat(text: str, **sampling: object) -> pb.ChatRequest:

@@ -191,6 +191,7 @@ class LookupResponse(_message.Message):
     RESPONSE_FIELD_NUMBER: _builtins.int
     ENTRY_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    EXPIRES_AT_FIELD_NUMBER: _builtins.int
     kind: Global___HitKind.ValueType
     similarity: _builtins.float
     """Cosine similarity for semantic hits; 1.0 exact; 0 miss."""
@@ -206,6 +207,10 @@ class LookupResponse(_message.Message):
     def response(self) -> Global___CachedResponse:
         """Set on a hit."""
 
+    @_builtins.property
+    def expires_at(self) -> _timestamp_pb2.Timestamp:
+        """On a hit: when the entry expires. A caller keeping the hit must not serve it after."""
+
     def __init__(
         self,
         *,
@@ -214,10 +219,11 @@ class LookupResponse(_message.Message):
         response: Global___CachedResponse | None = ...,
         entry_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        expires_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["response", b"response"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["expires_at", b"expires_at", "response", b"response"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "kind", b"kind", "reason", b"reason", "response", b"response", "similarity", b"similarity"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_id", b"entry_id", "expires_at", b"expires_at", "kind", b"kind", "reason", b"reason", "response", b"response", "similarity", b"similarity"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -444,6 +450,7 @@ class StatsResponse(_message.Message):
     STORES_FIELD_NUMBER: _builtins.int
     INDEXED_VECTORS_FIELD_NUMBER: _builtins.int
     INDEX_READY_FIELD_NUMBER: _builtins.int
+    NEAR_HITS_FIELD_NUMBER: _builtins.int
     entries: _builtins.int
     bytes: _builtins.int
     lookups: _builtins.int
@@ -473,6 +480,10 @@ class StatsResponse(_message.Message):
     """True once this replica has rebuilt its semantic index from the store after start
     (until then semantic lookups find only entries stored since).
     """
+    near_hits: _builtins.int
+    """Exact hits served by callers from their own copies (RecordHits); included in
+    lookups and exact_hits.
+    """
     def __init__(
         self,
         *,
@@ -492,11 +503,129 @@ class StatsResponse(_message.Message):
         stores: _builtins.int = ...,
         indexed_vectors: _builtins.int = ...,
         index_ready: _builtins.bool = ...,
+        near_hits: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_bytes", b"budget_bytes", "bytes", b"bytes", "dropped_stores", b"dropped_stores", "entries", b"entries", "evictions", b"evictions", "exact_hit_rate", b"exact_hit_rate", "exact_hits", b"exact_hits", "guard_rejections", b"guard_rejections", "index_ready", b"index_ready", "indexed_vectors", b"indexed_vectors", "lookups", b"lookups", "misses", b"misses", "semantic_hit_rate", b"semantic_hit_rate", "semantic_hits", b"semantic_hits", "store_available", b"store_available", "stores", b"stores"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_bytes", b"budget_bytes", "bytes", b"bytes", "dropped_stores", b"dropped_stores", "entries", b"entries", "evictions", b"evictions", "exact_hit_rate", b"exact_hit_rate", "exact_hits", b"exact_hits", "guard_rejections", b"guard_rejections", "index_ready", b"index_ready", "indexed_vectors", b"indexed_vectors", "lookups", b"lookups", "misses", b"misses", "near_hits", b"near_hits", "semantic_hit_rate", b"semantic_hit_rate", "semantic_hits", b"semantic_hits", "store_available", b"store_available", "stores", b"stores"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatsResponse: _TypeAlias = StatsResponse  # noqa: Y015
+
+@_typing.final
+class WatchChangesRequest(_message.Message):
+    """Watch request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchChangesRequest: _TypeAlias = WatchChangesRequest  # noqa: Y015
+
+@_typing.final
+class WatchChangesResponse(_message.Message):
+    """Entries that changed since the previous message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRY_IDS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
+    heartbeat_interval_ms: _builtins.int
+    """The longest gap between two messages while the feed is healthy."""
+    @_builtins.property
+    def entry_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Ids of entries removed, replaced or expired early: copies of them are stale."""
+
+    def __init__(
+        self,
+        *,
+        entry_ids: _abc.Iterable[_builtins.str] | None = ...,
+        heartbeat_interval_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entry_ids", b"entry_ids", "heartbeat_interval_ms", b"heartbeat_interval_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchChangesResponse: _TypeAlias = WatchChangesResponse  # noqa: Y015
+
+@_typing.final
+class RecordedHit(_message.Message):
+    """Exact hits of one entry served by a caller."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    ENTRY_ID_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    entry_id: _builtins.str
+    count: _builtins.int
+    """Hits since the caller's previous report, at least 1."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        entry_id: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "entry_id", b"entry_id", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordedHit: _TypeAlias = RecordedHit  # noqa: Y015
+
+@_typing.final
+class RecordHitsRequest(_message.Message):
+    """Hits to account."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def hits(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordedHit]: ...
+    def __init__(
+        self,
+        *,
+        hits: _abc.Iterable[Global___RecordedHit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["hits", b"hits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordHitsRequest: _TypeAlias = RecordHitsRequest  # noqa: Y015
+
+@_typing.final
+class RecordHitsResponse(_message.Message):
+    """Result of RecordHits."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    RECORDED_FIELD_NUMBER: _builtins.int
+    recorded: _builtins.int
+    """Hits accounted."""
+    def __init__(
+        self,
+        *,
+        recorded: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["recorded", b"recorded"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RecordHitsResponse: _TypeAlias = RecordHitsResponse  # noqa: Y015

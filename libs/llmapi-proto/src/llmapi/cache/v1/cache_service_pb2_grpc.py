@@ -63,6 +63,16 @@ class CacheServiceStub:
                 request_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.StatsRequest.SerializeToString,
                 response_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.WatchChanges = channel.unary_stream(
+                '/llmapi.cache.v1.CacheService/WatchChanges',
+                request_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.WatchChangesRequest.SerializeToString,
+                response_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.WatchChangesResponse.FromString,
+                _registered_method=True)
+        self.RecordHits = channel.unary_unary(
+                '/llmapi.cache.v1.CacheService/RecordHits',
+                request_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsRequest.SerializeToString,
+                response_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsResponse.FromString,
+                _registered_method=True)
 
 
 class CacheServiceServicer:
@@ -108,6 +118,24 @@ class CacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchChanges(self, request, context):
+        """Follow removals and replacements of entries (all tenants), for callers that keep
+        exact hits near them. The first message says the feed is live; heartbeats follow
+        at heartbeat_interval_ms while nothing changes. A caller that stops hearing from
+        the feed, or whose stream ends, must drop everything it kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RecordHits(self, request, context):
+        """Account exact hits a caller served from its own copy: they count in Stats and
+        keep the entries recently used, as if they had been looked up here.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -135,6 +163,16 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.StatsRequest.FromString,
                     response_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.StatsResponse.SerializeToString,
+            ),
+            'WatchChanges': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchChanges,
+                    request_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.WatchChangesRequest.FromString,
+                    response_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.WatchChangesResponse.SerializeToString,
+            ),
+            'RecordHits': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordHits,
+                    request_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsRequest.FromString,
+                    response_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -276,6 +314,60 @@ class CacheService:
             '/llmapi.cache.v1.CacheService/Stats',
             llmapi_dot_cache_dot_v1_dot_cache__service__pb2.StatsRequest.SerializeToString,
             llmapi_dot_cache_dot_v1_dot_cache__service__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchChanges(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/llmapi.cache.v1.CacheService/WatchChanges',
+            llmapi_dot_cache_dot_v1_dot_cache__service__pb2.WatchChangesRequest.SerializeToString,
+            llmapi_dot_cache_dot_v1_dot_cache__service__pb2.WatchChangesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RecordHits(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.cache.v1.CacheService/RecordHits',
+            llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsRequest.SerializeToString,
+            llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,16 @@ class CacheServiceStub:
     """
     Stats: _grpc.UnaryUnaryMultiCallable[_cache_service_pb2.StatsRequest, _cache_service_pb2.StatsResponse]
     """Entry counts, bytes and hit rates."""
+    WatchChanges: _grpc.UnaryStreamMultiCallable[_cache_service_pb2.WatchChangesRequest, _cache_service_pb2.WatchChangesResponse]
+    """Follow removals and replacements of entries (all tenants), for callers that keep
+    exact hits near them. The first message says the feed is live; heartbeats follow
+    at heartbeat_interval_ms while nothing changes. A caller that stops hearing from
+    the feed, or whose stream ends, must drop everything it kept.
+    """
+    RecordHits: _grpc.UnaryUnaryMultiCallable[_cache_service_pb2.RecordHitsRequest, _cache_service_pb2.RecordHitsResponse]
+    """Account exact hits a caller served from its own copy: they count in Stats and
+    keep the entries recently used, as if they had been looked up here.
+    """
 
 @_typing.type_check_only
 class CacheServiceAsyncStub(CacheServiceStub):
@@ -71,6 +81,16 @@ class CacheServiceAsyncStub(CacheServiceStub):
     """
     Stats: _aio.UnaryUnaryMultiCallable[_cache_service_pb2.StatsRequest, _cache_service_pb2.StatsResponse]  # type: ignore[assignment]
     """Entry counts, bytes and hit rates."""
+    WatchChanges: _aio.UnaryStreamMultiCallable[_cache_service_pb2.WatchChangesRequest, _cache_service_pb2.WatchChangesResponse]  # type: ignore[assignment]
+    """Follow removals and replacements of entries (all tenants), for callers that keep
+    exact hits near them. The first message says the feed is live; heartbeats follow
+    at heartbeat_interval_ms while nothing changes. A caller that stops hearing from
+    the feed, or whose stream ends, must drop everything it kept.
+    """
+    RecordHits: _aio.UnaryUnaryMultiCallable[_cache_service_pb2.RecordHitsRequest, _cache_service_pb2.RecordHitsResponse]  # type: ignore[assignment]
+    """Account exact hits a caller served from its own copy: they count in Stats and
+    keep the entries recently used, as if they had been looked up here.
+    """
 
 class CacheServiceServicer(metaclass=_abc_1.ABCMeta):
     """CacheService stores finished responses and serves them again for the same
@@ -120,5 +140,27 @@ class CacheServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_cache_service_pb2.StatsResponse, _abc.Awaitable[_cache_service_pb2.StatsResponse]]:
         """Entry counts, bytes and hit rates."""
+
+    @_abc_1.abstractmethod
+    def WatchChanges(
+        self,
+        request: _cache_service_pb2.WatchChangesRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_cache_service_pb2.WatchChangesResponse], _abc.AsyncIterator[_cache_service_pb2.WatchChangesResponse]]:
+        """Follow removals and replacements of entries (all tenants), for callers that keep
+        exact hits near them. The first message says the feed is live; heartbeats follow
+        at heartbeat_interval_ms while nothing changes. A caller that stops hearing from
+        the feed, or whose stream ends, must drop everything it kept.
+        """
+
+    @_abc_1.abstractmethod
+    def RecordHits(
+        self,
+        request: _cache_service_pb2.RecordHitsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cache_service_pb2.RecordHitsResponse, _abc.Awaitable[_cache_service_pb2.RecordHitsResponse]]:
+        """Account exact hits a caller served from its own copy: they count in Stats and
+        keep the entries recently used, as if they had been looked up here.
+        """
 
 def add_CacheServiceServicer_to_server(servicer: CacheServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -1,0 +1,180 @@
+"""The replicas' change log: a Redis stream of entry ids that were stored or removed, which
+every replica publishes to and follows (for its semantic index and the WatchChanges feed)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from llm_cache.metrics import CacheMetrics
+from llm_cache.store import RedisStore, StoreUnavailable
+from llm_common.logging import get_logger
+from llm_common.resilience import Backoff
+
+# Ops: stored and indexed by its origin ("a"), stored without a vector there ("p"), removed
+# ("d"). Whatever the op, the id's content changed: copies of it elsewhere are stale.
+ADD, PUT, DROP = "a", "p", "d"
+LOG_MAX_EVENTS = 100_000  # approximate stream length kept for replicas that fall behind
+IDS_PER_EVENT = 1000  # a tenant-wide invalidation becomes many small events, not one huge one
+# Events whose append failed, appended again before each read. A change that never reaches
+# the log leaves stale copies in every caller's near cache until their own TTL.
+MAX_UNSENT_EVENTS = 10_000
+# A quiet log still answers this often, below the feed's 1 s heartbeat with room for the
+# round trip and the listeners.
+READ_BLOCK_MS = 900
+_READ_COUNT = 256
+_log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change-log event: entries of one tenant (by tag) stored or removed."""
+
+    origin: str
+    op: str
+    tag: str
+    entry_ids: tuple[str, ...]
+
+
+class ChangeListener(Protocol):
+    """What follows the log through a ChangeLog."""
+
+    async def changed(self, changes: Sequence[Change]) -> None:
+        """One read of the log, oldest first; empty when nothing changed (the log was quiet
+        for READ_BLOCK_MS, or the follower has just found its start position)."""
+
+    def interrupted(self) -> None:
+        """A read failed; following resumes where it stopped once Redis answers."""
+
+
+class ChangeLog:
+    """Publishes this replica's changes and follows everyone's, its own included.
+
+    Following starts at the log's end (changes from then on) on a connection of its own
+    (XREAD blocks); each read goes to every listener in turn. After a failure it resumes
+    from the last event read, so listeners miss nothing the stream still holds.
+    """
+
+    def __init__(
+        self,
+        store: RedisStore,
+        follower: aioredis.Redis,
+        key_prefix: str,
+        metrics: CacheMetrics,
+        *,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._store = store
+        self._follower = follower
+        self._stream = f"{key_prefix}log"
+        self._metrics = metrics
+        self._backoff = backoff or Backoff(base=0.25, cap=5.0, jitter=0.25)
+        self._listeners: list[ChangeListener] = []
+        self._unsent: deque[dict[str, str]] = deque()
+        self.origin = uuid.uuid4().hex
+        self.positioned = asyncio.Event()  # set once the start position is known
+
+    def listen(self, listener: ChangeListener) -> None:
+        """Add a listener; they hear each read in the order they were added."""
+        self._listeners.append(listener)
+
+    async def publish(self, tag: str, op: str, entry_ids: Sequence[str]) -> None:
+        """Append a change. Never raises: when Redis fails the events are kept and appended
+        again before the follower's next read."""
+        if not entry_ids:
+            return
+        chunks = (entry_ids[i : i + IDS_PER_EVENT] for i in range(0, len(entry_ids), IDS_PER_EVENT))
+        events = [{"o": self.origin, "op": op, "t": tag, "ids": ",".join(c)} for c in chunks]
+        try:
+            await self._store.append_log(self._stream, events, LOG_MAX_EVENTS)
+        except StoreUnavailable:
+            self._metrics.sync_errors.inc()
+            self._keep(events)
+
+    async def run(self) -> None:
+        """Follow the log until cancelled, retrying with backoff while Redis fails."""
+        position: str | None = None
+        failures = 0
+        while True:
+            try:
+                if position is None:
+                    position = await self._last_position()
+                    self.positioned.set()
+                    await self._tell([])  # every change from here on will be read
+                position = await self._read(position)
+                failures = 0
+            except (RedisError, OSError, StoreUnavailable) as exc:
+                failures += 1
+                await self._interrupted(failures, type(exc).__name__)
+            except Exception:  # a bug must not end following for good: streams would hang
+                _log.exception("change log follower failed")
+                failures += 1
+                await self._interrupted(failures, "unexpected")
+
+    async def _read(self, position: str) -> str:
+        await self._resend()
+        reply: Any = await self._follower.xread(
+            {self._stream: position}, count=_READ_COUNT, block=READ_BLOCK_MS
+        )
+        changes = []
+        for _, events in reply or ():
+            for event_id, fields in events:
+                change = _parse(fields)
+                if change is not None:
+                    changes.append(change)
+                position = event_id.decode()
+        await self._tell(changes)
+        return position
+
+    async def _tell(self, changes: list[Change]) -> None:
+        for listener in self._listeners:
+            await listener.changed(changes)
+
+    async def _interrupted(self, failures: int, error: str) -> None:
+        self._metrics.sync_errors.inc()
+        for listener in self._listeners:
+            listener.interrupted()
+        delay = self._backoff.delay(failures)
+        _log.warning("change log read failed", error=error, retry_in_s=delay)
+        await asyncio.sleep(delay)
+
+    def _keep(self, events: list[dict[str, str]]) -> None:
+        if len(self._unsent) + len(events) > MAX_UNSENT_EVENTS:
+            self._metrics.changes_lost.inc(len(events))
+            return
+        self._unsent.extend(events)
+
+    async def _resend(self) -> None:
+        """Append the kept events. Only the follower pops them, after they were appended;
+        publishers only add at the other end meanwhile."""
+        count = len(self._unsent)
+        if not count:
+            return
+        try:
+            events = list(itertools.islice(self._unsent, count))
+            await self._store.append_log(self._stream, events, LOG_MAX_EVENTS)
+        except StoreUnavailable:
+            self._metrics.sync_errors.inc()
+            return
+        for _ in range(count):
+            self._unsent.popleft()
+
+    async def _last_position(self) -> str:
+        last: Any = await self._follower.xrevrange(self._stream, count=1)
+        return str(last[0][0].decode()) if last else "0-0"
+
+
+def _parse(fields: dict[bytes, bytes]) -> Change | None:
+    try:
+        ids = tuple(i for i in fields[b"ids"].decode().split(",") if i)
+        return Change(fields[b"o"].decode(), fields[b"op"].decode(), fields[b"t"].decode(), ids)
+    except (KeyError, UnicodeDecodeError):
+        return None  # not ours: ignore rather than stall the follower
