@@ -157,6 +157,18 @@ def test_the_cache_feed_outlives_the_cache_unary_route(flavour: str) -> None:
     assert feed["route"] == {"cluster": "cache", "timeout": "0s", "idle_timeout": "60s"}
 
 
+@pytest.mark.parametrize("flavour", ["local", "k8s-router"])
+def test_recorded_hits_are_retried_only_when_they_cannot_have_been_counted(flavour: str) -> None:
+    mesh = list(routes(CONFIGS[flavour], "mesh_outbound"))
+    names = [r.get("name") for r in mesh]
+    hits = mesh[names.index("cache-RecordHits")]
+    assert names.index("cache-RecordHits") < names.index("cache")
+    assert hits["match"] == {"path": "/llmapi.cache.v1.CacheService/RecordHits"}
+    retry_on = set(hits["route"]["retry_policy"]["retry_on"].split(","))
+    assert retry_on == {"connect-failure", "refused-stream"}
+    assert hits["route"]["timeout"] == "1.5s"
+
+
 def test_generation_is_retried_only_when_it_cannot_have_started() -> None:
     edge = by_name(CONFIGS["local"], "edge_http")
     for name in ("Chat", "ChatStream", "Complete", "CompleteStream", "Embed"):

@@ -283,6 +283,7 @@ MESH_UNARY_TIMEOUT_S = {"tokenizer": 10.0, "cache": 1.5, "billing": 6.0, "auth":
 # least every second, so a minute of silence is a dead stream.
 CACHE_FEED_METHOD = "WatchChanges"
 CACHE_FEED_IDLE_S = 60
+CACHE_HITS_METHOD = "RecordHits"
 
 
 def mesh_routes(layout: Layout) -> list[Config]:
@@ -296,7 +297,7 @@ def mesh_routes(layout: Layout) -> list[Config]:
         )
     balanced = route_action("inference", Kind.LONG_UNARY, retry_on=RETRY_IDEMPOTENT)
     routes.append(_route({"prefix": f"/{inference}/"}, balanced, {}, "inference"))
-    routes.append(_cache_feed_route())
+    routes += [_cache_feed_route(), _cache_hits_route()]
     for name, timeout_s in MESH_UNARY_TIMEOUT_S.items():
         full = SERVICES[name].grpc_service
         action = route_action(
@@ -316,6 +317,15 @@ def _cache_feed_route() -> Config:
     action: Config = {"cluster": "cache", "timeout": "0s", "idle_timeout": f"{CACHE_FEED_IDLE_S}s"}
     path = grpc_path(SERVICES["cache"].grpc_service, CACHE_FEED_METHOD)
     return _route({"path": path}, action, {}, f"cache-{CACHE_FEED_METHOD}")
+
+
+def _cache_hits_route() -> Config:
+    """RecordHits adds counts, so it is the one cache call that is not idempotent: retried
+    only where it cannot have reached the cache."""
+    timeout_s = MESH_UNARY_TIMEOUT_S["cache"]
+    action = route_action("cache", Kind.UNARY, retry_on=RETRY_UNSTARTED, unary_timeout_s=timeout_s)
+    path = grpc_path(SERVICES["cache"].grpc_service, CACHE_HITS_METHOD)
+    return _route({"path": path}, action, {}, f"cache-{CACHE_HITS_METHOD}")
 
 
 def _replica_routes(layout: Layout, inference: str) -> list[Config]:
