@@ -108,6 +108,11 @@ class HitReporter:
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
+    @property
+    def pending(self) -> int:
+        """Hits recorded and not yet reported."""
+        return sum(self._pending.values())
+
     def record(self, tenant_id: str, entry_id: str) -> None:
         key = (tenant_id, entry_id)
         if key not in self._pending and len(self._pending) >= MAX_REPORT_HITS:

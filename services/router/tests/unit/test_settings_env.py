@@ -1,4 +1,4 @@
-"""The router's settings of attestation and quota leases, from the environment."""
+"""The router's settings of attestation, quota leases and the near cache, from the environment."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 from llm_common.config import ConfigError
 from llm_router.attestation import AttestationSettings
 from llm_router.config import Settings
+from llm_router.near_cache import NearCacheSettings
 from llm_router.quota_lease import LeaseSettings
 
 BASE_ENV = {
@@ -40,5 +41,29 @@ def test_lease_settings_from_env() -> None:
     )
     assert settings.leases == LeaseSettings(lease_s=0.0, max_share=0.2)
     for name, value in (("ROUTER_QUOTA_LEASE_S", "-1"), ("ROUTER_QUOTA_LEASE_MAX_SHARE", "0.9")):
+        with pytest.raises(ConfigError, match=name):
+            Settings.from_env(BASE_ENV | {name: value})
+
+
+def test_near_cache_settings_from_env() -> None:
+    default = Settings.from_env(BASE_ENV).near_cache
+    assert default == NearCacheSettings()
+    assert default.enabled
+    settings = Settings.from_env(
+        BASE_ENV
+        | {
+            "ROUTER_NEAR_CACHE_ENTRIES": "0",
+            "ROUTER_NEAR_CACHE_MAX_BYTES": "1024",
+            "ROUTER_NEAR_CACHE_TTL_S": "2.5",
+            "ROUTER_NEAR_CACHE_REPORT_S": "0.5",
+        }
+    )
+    assert settings.near_cache == NearCacheSettings(0, 1024, 2.5, 0.5)
+    assert not settings.near_cache.enabled
+    for name, value in (
+        ("ROUTER_NEAR_CACHE_ENTRIES", "-1"),
+        ("ROUTER_NEAR_CACHE_TTL_S", "0"),
+        ("ROUTER_NEAR_CACHE_REPORT_S", "120"),
+    ):
         with pytest.raises(ConfigError, match=name):
             Settings.from_env(BASE_ENV | {name: value})
