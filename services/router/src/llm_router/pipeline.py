@@ -166,6 +166,9 @@ class Pipeline:
         dispatch: asyncio.Future[Started] | None = None
         if key is None or self._speculation.dispatch_early():
             dispatch = asyncio.ensure_future(self._dispatch(prepared, info.stream))
+            # One turn of the loop for the dispatch to put its Generate on the wire before
+            # admission's own Python runs: the prefill is the long pole, not the reservations.
+            await asyncio.sleep(0)
         admit = asyncio.ensure_future(self._admit(prepared, info.caller, policy))
         lookup = asyncio.ensure_future(self._lookup(prepared.request, key))
         try:
