@@ -55,9 +55,10 @@ _Queued = tuple[Call, "asyncio.Future[Response]", contextvars.Context]
 class CallBatcher(Generic[Call, Response]):
     """Queues calls and sends them in batches through `send`.
 
-    `max_in_flight` 0: every batch waits for `max_items` or `wait_s`. A failure of the whole
-    call (e.g. UNAVAILABLE) is raised to every caller of that batch, exactly as the unary call
-    would have raised it to each."""
+    `max_in_flight` 0: every batch waits for `max_items` or `wait_s`. `linger_s`: with room
+    in flight, a call still waits this long for company before it goes (0: at once). A
+    failure of the whole call (e.g. UNAVAILABLE) is raised to every caller of that batch,
+    exactly as the unary call would have raised it to each."""
 
     def __init__(
         self,
@@ -67,6 +68,7 @@ class CallBatcher(Generic[Call, Response]):
         wait_s: float,
         timeout_s: float,
         max_in_flight: int = 0,
+        linger_s: float = 0.0,
         span_name: str = "router.batch",
         tracer: trace.Tracer | None = None,
     ) -> None:
@@ -79,6 +81,7 @@ class CallBatcher(Generic[Call, Response]):
         self._wait_s = wait_s
         self._timeout_s = timeout_s
         self._max_in_flight = max_in_flight
+        self._linger_s = linger_s
         self._span_name = span_name
         self._tracer = tracer or trace.get_tracer(__name__)
         self._queue: list[_Queued[Call, Response]] = []
@@ -95,10 +98,12 @@ class CallBatcher(Generic[Call, Response]):
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Response] = loop.create_future()
         self._queue.append((call, future, contextvars.copy_context()))
-        if len(self._queue) >= self._max_items or self._room():
+        room = self._room()
+        if len(self._queue) >= self._max_items or (room and self._linger_s <= 0):
             self._send_queued()
         elif self._timer is None:
-            self._timer = loop.call_later(self._wait_s, self._send_queued)
+            delay = self._linger_s if room else self._wait_s
+            self._timer = loop.call_later(delay, self._send_queued)
         return await future
 
     async def flush(self) -> None:

@@ -231,6 +231,7 @@ async def build_runtime(
             wait_s=d.settle_batch_wait_ms / 1000,
             timeout_s=d.settle_timeout_s,
             max_in_flight=d.settle_batch_in_flight,
+            linger_s=d.settle_batch_linger_ms / 1000,
             span_name="router.settle_batch",
         )
     leases = None

@@ -139,6 +139,26 @@ async def test_an_idle_batcher_sends_at_once() -> None:
     assert sender.calls == [["r0"]]
 
 
+async def test_a_lingering_batcher_waits_even_with_room_but_flushes_at_once() -> None:
+    sender = RecordingSender()
+    batcher = SettleBatcher(
+        sender.settle_batch, max_items=8, wait_s=1.0, timeout_s=5.0, max_in_flight=1,
+        linger_s=0.05,
+    )  # fmt: skip
+    started = time.monotonic()
+    first = asyncio.ensure_future(batcher.submit(settle("r0")))
+    await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(batcher.submit(settle("r1")))
+    await asyncio.wait_for(asyncio.gather(first, second), timeout=5)
+    assert time.monotonic() - started >= 0.05
+    assert sender.calls == [["r0", "r1"]]  # the linger gathered both
+    pending = asyncio.ensure_future(batcher.submit(settle("r2")))
+    await asyncio.sleep(0)
+    await batcher.flush()  # shutdown does not wait out the linger
+    assert sender.calls[-1] == ["r2"]
+    await asyncio.wait_for(pending, timeout=5)
+
+
 async def test_items_queued_behind_a_call_go_out_when_it_returns() -> None:
     sender = GatedSender()
     batcher = one_slot(sender)
