@@ -108,12 +108,6 @@ class ChangeFeed:
         for message in messages or [()]:
             self._broadcast(message)
 
-    def fail(self) -> None:
-        """The log cannot be read: nothing kept anywhere can be trusted any more. This
-        also ends the streams still waiting for their first message."""
-        self._live = False
-        self._end_all(_interrupted, "store_unavailable")
-
     def close(self) -> None:
         """The service is stopping: end every stream cleanly, take no new ones."""
         self._closed = True
@@ -124,7 +118,10 @@ class ChangeFeed:
         self.deliver(entry_id for change in changes for entry_id in change.entry_ids)
 
     def interrupted(self) -> None:
-        self.fail()
+        """The log cannot be read: nothing kept anywhere can be trusted any more. This
+        also ends the streams still waiting for their first message."""
+        self._live = False
+        self._end_all(_interrupted, "store_unavailable")
 
     def _add(self) -> Subscription:
         if self._closed:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import dataclass
 
 import grpc
 from prometheus_client import Counter
@@ -106,7 +107,6 @@ class HitReporter:
         self._timeout_s = timeout_s
         self._pending: dict[tuple[str, str], int] = {}
         self._task: asyncio.Task[None] | None = None
-        self._lock = asyncio.Lock()
 
     @property
     def pending(self) -> int:
@@ -131,21 +131,20 @@ class HitReporter:
         await self.flush()
 
     async def flush(self) -> None:
-        async with self._lock:
-            pending, self._pending = self._pending, {}
-            if not pending:
-                return
-            hits = [
-                cache_pb.RecordedHit(tenant_id=tenant, entry_id=entry, count=count)
-                for (tenant, entry), count in pending.items()
-            ]
-            try:
-                await self._cache.record_hits(hits, self._timeout_s)
-            except ServiceError as err:  # e.g. an old cache (UNIMPLEMENTED), an outage
-                _log.info("near cache hit report failed", code=err.code.name)
-                self._events.labels("report_failed").inc()
-                for key, count in pending.items():
-                    self._restore(key, count)
+        pending, self._pending = self._pending, {}
+        if not pending:
+            return
+        hits = [
+            cache_pb.RecordedHit(tenant_id=tenant, entry_id=entry, count=count)
+            for (tenant, entry), count in pending.items()
+        ]
+        try:
+            await self._cache.record_hits(hits, self._timeout_s)
+        except ServiceError as err:  # e.g. an old cache (UNIMPLEMENTED), an outage
+            _log.info("near cache hit report failed", code=err.code.name)
+            self._events.labels("report_failed").inc()
+            for key, count in pending.items():
+                self._restore(key, count)
 
     def _restore(self, key: tuple[str, str], count: int) -> None:
         if key in self._pending or len(self._pending) < MAX_REPORT_HITS:
@@ -157,3 +156,20 @@ class HitReporter:
         while True:
             await asyncio.sleep(self._interval_s)
             await self.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class NearCacheParts:
+    """The near cache and what keeps it honest, started and stopped together."""
+
+    cache: NearCache
+    feed: NearCacheFeed
+    reporter: HitReporter
+
+    def start(self) -> None:
+        self.feed.start()
+        self.reporter.start()
+
+    async def stop(self) -> None:
+        await self.feed.stop()
+        await self.reporter.stop()  # sends the last hits

@@ -18,8 +18,8 @@ from llm_router.dispatch import Dispatcher, Started
 from llm_router.generation import CachedSource, Generation, LiveSource, RequestInfo
 from llm_router.identity import SCOPE_COMPLETION, Caller
 from llm_router.model_routing import AUTO_MODEL, GENERATION, ModelRouter
-from llm_router.near_cache import NearCache, near_key
-from llm_router.near_feed import HitReporter
+from llm_router.near_cache import near_key
+from llm_router.near_feed import NearCacheParts
 from llm_router.observability import RouterMetrics, phase
 from llm_router.policies import PolicyBook, TenantPolicy
 from llm_router.requests import GenerationRequest, Kind
@@ -76,7 +76,7 @@ class Pipeline:
         overlap_admission: bool = True,
         lookup_grace_s: float = 0.05,
         speculate_below_hit_rate: float = 0.0,
-        near: tuple[NearCache, HitReporter] | None = None,
+        near: NearCacheParts | None = None,
     ) -> None:
         self._near = near
         self._overlap = overlap_admission
@@ -421,7 +421,7 @@ class Pipeline:
         lookup = cache_pb.LookupRequest(key=key, options=options)
         if self._near is None:
             return await self._remote_lookup(lookup)
-        near, reporter = self._near
+        near, reporter = self._near.cache, self._near.reporter
         near_id = near_key(lookup)
         kept = near.get(near_id)
         if kept is not None:

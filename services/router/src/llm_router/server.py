@@ -40,7 +40,7 @@ from llm_router.load_watch import LoadWatcher
 from llm_router.local_tokenizer import TokenizeMode, load_local
 from llm_router.model_routing import ModelRouter
 from llm_router.near_cache import NearCache
-from llm_router.near_feed import HitReporter, NearCacheFeed
+from llm_router.near_feed import HitReporter, NearCacheFeed, NearCacheParts
 from llm_router.observability import RouterMetrics
 from llm_router.openai_http import OpenAIHttp, start_openai_http
 from llm_router.pipeline import Pipeline
@@ -92,13 +92,12 @@ class Runtime:
     http_listen: tuple[str, int, str] | None = None  # host, port, the router's own gRPC target
     region_header: str = "x-llm-region"
     http: OpenAIHttp | None = None
-    near: tuple[NearCacheFeed, HitReporter] | None = None
+    near: NearCacheParts | None = None
 
     async def start(self) -> None:
         self.watcher.start()
         if self.near is not None:
-            for part in self.near:
-                part.start()
+            self.near.start()
         self.attesting.start()
         self.spool.start()
         if self.http_listen is not None:
@@ -112,8 +111,7 @@ class Runtime:
             await self.http.close()
         await self.watcher.stop()
         if self.near is not None:
-            for part in self.near:
-                await part.stop()  # the reporter sends its last hits
+            await self.near.stop()
         await self.attesting.stop()
         await self.tokenizer.aclose()
         # Settlements of the last requests still go out (or into the outbox) before exit:
@@ -288,7 +286,7 @@ async def build_runtime(
         overlap_admission=d.overlap_admission,
         lookup_grace_s=d.lookup_grace_s,
         speculate_below_hit_rate=d.speculate_below_hit_rate,
-        near=(near[0], near[2]) if near is not None else None,
+        near=near,
     )
     embedder = Embedder(
         router=router,
@@ -327,13 +325,13 @@ async def build_runtime(
         breakers=breakers,
         http_listen=_http_listen(settings),
         region_header=r.region_header,
-        near=(near[1], near[2]) if near is not None else None,
+        near=near,
     )
 
 
 def _near_cache(
     settings: Settings, cache: CacheClient, metrics: RouterMetrics, rng: random.Random
-) -> tuple[NearCache, NearCacheFeed, HitReporter]:
+) -> NearCacheParts:
     near = NearCache(settings.near_cache)
     feed = NearCacheFeed(cache, near, metrics.near_cache, rng=rng)
     reporter = HitReporter(
@@ -342,7 +340,7 @@ def _near_cache(
         interval_s=settings.near_cache.report_interval_s,
         timeout_s=settings.downstream.settle_timeout_s,
     )
-    return near, feed, reporter
+    return NearCacheParts(near, feed, reporter)
 
 
 def _http_listen(settings: Settings) -> tuple[str, int, str] | None:

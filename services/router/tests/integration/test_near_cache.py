@@ -42,7 +42,7 @@ async def router(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     )
     async with running_router(settings, catalog) as r:
         assert r.runtime.near is not None
-        feed = r.runtime.near[0]
+        feed = r.runtime.near.feed
 
         async def live() -> bool:
             return feed.live
@@ -127,7 +127,7 @@ async def test_a_lost_feed_empties_the_near_cache(router: Router, stack: Stack) 
     await stored(stack, caller.tenant, 1)
     await router.stub.Chat(request, metadata=caller.metadata)  # kept
     assert router.runtime.near is not None
-    feed = router.runtime.near[0]
+    feed = router.runtime.near.feed
     await feed.stop()
     try:
         hits = near(router, "hit")
