@@ -8,6 +8,34 @@ from dataclasses import dataclass
 from typing import Protocol
 
 
+class FormatKind(enum.Enum):
+    """Kinds of output constraint (common.v1.OutputFormat's oneof)."""
+
+    JSON_OBJECT = "json_object"
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    GRAMMAR = "grammar"  # EBNF, start rule `root`
+    CHOICE = "choice"
+    TAGGED_JSON = "tagged_json"  # begin + JSON(schema) + end, 1..max_items times
+
+
+@dataclass(frozen=True, slots=True)
+class OutputFormatSpec:
+    """A constraint on the output, as the caller gave it (compiled by the backend).
+
+    `spec` is the JSON schema, regex or EBNF text ("" for JSON_OBJECT); CHOICE uses `choices`;
+    TAGGED_JSON uses `spec` (the schema) with `begin`, `end`, `separator` and `max_items`.
+    """
+
+    kind: FormatKind
+    spec: str = ""
+    choices: tuple[str, ...] = ()
+    begin: str = ""
+    end: str = ""
+    separator: str = ""
+    max_items: int = 1
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
     """Per-request sampling and stopping settings."""
@@ -22,6 +50,14 @@ class SamplingOptions:
     ignore_eos: bool = False
     logprobs: bool = False
     detokenize: bool = True  # stream text_delta (when the engine has a tokenizer)
+    top_logprobs: int = 0  # alternatives per token (0-20); > 0 implies logprobs
+    presence_penalty: float = 0.0  # [-2, 2], once per token seen in the output
+    frequency_penalty: float = 0.0  # [-2, 2], per occurrence in the output
+    repetition_penalty: float = 1.0  # (0, 2], prompt and output tokens; 1 = off
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100])
+    min_tokens: int = 0  # EOS and stop tokens masked until this many were generated
+    min_p: float = 0.0  # [0, 1]; 0 = off
+    output_format: OutputFormatSpec | None = None  # constrained decoding
 
 
 class FinishReason(enum.Enum):
@@ -44,6 +80,14 @@ class RequestTimings:
 
 
 @dataclass(frozen=True, slots=True)
+class TopToken:
+    """One alternative at a position: a token id and its log-probability."""
+
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True, slots=True)
 class TokenEvent:
     """One streamed step of one request."""
 
@@ -57,12 +101,19 @@ class TokenEvent:
     completion_tokens: int  # so far
     cached_tokens: int  # prompt tokens served from the prefix cache
     timings: RequestTimings | None  # set on the last event only
+    # Per token, the top_logprobs alternatives (most likely first); None unless asked for.
+    top_logprobs: tuple[tuple[TopToken, ...], ...] | None = None
 
     def then(self, later: TokenEvent) -> TokenEvent:
         """This event and the one after it as one (its counts and finish are the later's)."""
         logprobs = (
             (self.logprobs or ()) + (later.logprobs or ())
             if self.logprobs is not None or later.logprobs is not None
+            else None
+        )
+        top = (
+            (self.top_logprobs or ()) + (later.top_logprobs or ())
+            if self.top_logprobs is not None or later.top_logprobs is not None
             else None
         )
         return TokenEvent(
@@ -74,6 +125,7 @@ class TokenEvent:
             completion_tokens=later.completion_tokens,
             cached_tokens=later.cached_tokens,
             timings=later.timings,
+            top_logprobs=top,
         )
 
 
@@ -139,4 +191,11 @@ class EngineError(Exception):
 
 
 class InvalidRequest(EngineError):  # noqa: N818 - name fixed by the interface
-    """The request cannot be served as given (prompt too long, bad sampling values...)."""
+    """The request cannot be served as given (prompt too long, bad sampling values...).
+
+    `field` names the request field at fault (e.g. "sampling.format.json_schema"), when known.
+    """
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field

@@ -24,25 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmapi/common/v1/common.proto\x12\x10llmapi.common.v1\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x04 \x01(\x05\"R\n\x0b\x43hatMessage\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.llmapi.common.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\"\xf7\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x10\n\x08logprobs\x18\x08 \x01(\x08\x12\x16\n\x0estop_token_ids\x18\t \x03(\x05\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\r\n\x0b_max_tokensB\x07\n\x05_seed\"@\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02*\xb7\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\r\n\tROLE_TOOL\x10\x04*\\\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_KIND_GENERATION\x10\x01\x12\x18\n\x14MODEL_KIND_EMBEDDING\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dllmapi/common/v1/common.proto\x12\x10llmapi.common.v1\"f\n\x05Usage\x12\x15\n\rprompt_tokens\x18\x01 \x01(\x05\x12\x19\n\x11\x63ompletion_tokens\x18\x02 \x01(\x05\x12\x15\n\rcached_tokens\x18\x03 \x01(\x05\x12\x14\n\x0ctotal_tokens\x18\x04 \x01(\x05\"\x98\x01\n\x0b\x43hatMessage\x12$\n\x04role\x18\x01 \x01(\x0e\x32\x16.llmapi.common.v1.Role\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12.\n\ntool_calls\x18\x04 \x03(\x0b\x32\x1a.llmapi.common.v1.ToolCall\x12\x14\n\x0ctool_call_id\x18\x05 \x01(\t\"/\n\x0c\x46unctionCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\targuments\x18\x02 \x01(\t\"V\n\x08ToolCall\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x30\n\x08\x66unction\x18\x03 \x01(\x0b\x32\x1e.llmapi.common.v1.FunctionCall\"`\n\x12\x46unctionDefinition\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65scription\x18\x02 \x01(\t\x12\x17\n\x0fparameters_json\x18\x03 \x01(\t\x12\x0e\n\x06strict\x18\x04 \x01(\x08\"L\n\x04Tool\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x36\n\x08\x66unction\x18\x02 \x01(\x0b\x32$.llmapi.common.v1.FunctionDefinition\"S\n\nToolChoice\x12.\n\x04mode\x18\x01 \x01(\x0e\x32 .llmapi.common.v1.ToolChoiceMode\x12\x15\n\rfunction_name\x18\x02 \x01(\t\"K\n\rToolCallDelta\x12\r\n\x05index\x18\x01 \x01(\x05\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x11\n\targuments\x18\x04 \x01(\t\"\x1e\n\x0c\x43hoiceFormat\x12\x0e\n\x06values\x18\x01 \x03(\t\"i\n\x10TaggedJsonFormat\x12\r\n\x05\x62\x65gin\x18\x01 \x01(\t\x12\x13\n\x0bjson_schema\x18\x02 \x01(\t\x12\x0b\n\x03\x65nd\x18\x03 \x01(\t\x12\x11\n\tmax_items\x18\x04 \x01(\x05\x12\x11\n\tseparator\x18\x05 \x01(\t\"\xd7\x01\n\x0cOutputFormat\x12\x15\n\x0bjson_object\x18\x01 \x01(\x08H\x00\x12\x15\n\x0bjson_schema\x18\x02 \x01(\tH\x00\x12\x0f\n\x05regex\x18\x03 \x01(\tH\x00\x12\x11\n\x07grammar\x18\x04 \x01(\tH\x00\x12\x30\n\x06\x63hoice\x18\x05 \x01(\x0b\x32\x1e.llmapi.common.v1.ChoiceFormatH\x00\x12\x39\n\x0btagged_json\x18\x06 \x01(\x0b\x32\".llmapi.common.v1.TaggedJsonFormatH\x00\x42\x08\n\x06\x66ormat\"\xcf\x04\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x02H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x02H\x01\x88\x01\x01\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x17\n\nmax_tokens\x18\x04 \x01(\x05H\x02\x88\x01\x01\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x07 \x01(\x08\x12\x10\n\x08logprobs\x18\x08 \x01(\x08\x12\x16\n\x0estop_token_ids\x18\t \x03(\x05\x12\t\n\x01n\x18\n \x01(\x05\x12\x14\n\x0ctop_logprobs\x18\x0b \x01(\x05\x12\x18\n\x10presence_penalty\x18\x0c \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\r \x01(\x02\x12\x1f\n\x12repetition_penalty\x18\x0e \x01(\x02H\x04\x88\x01\x01\x12\x43\n\nlogit_bias\x18\x0f \x03(\x0b\x32/.llmapi.common.v1.SamplingParams.LogitBiasEntry\x12\x12\n\nmin_tokens\x18\x10 \x01(\x05\x12\r\n\x05min_p\x18\x11 \x01(\x02\x12.\n\x06\x66ormat\x18\x12 \x01(\x0b\x32\x1e.llmapi.common.v1.OutputFormat\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\r\n\x0b_max_tokensB\x07\n\x05_seedB\x15\n\x13_repetition_penalty\"\x83\x01\n\x0cTokenLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\r\n\x05\x62ytes\x18\x04 \x01(\x0c\x12\x32\n\x0ctop_logprobs\x18\x05 \x03(\x0b\x32\x1c.llmapi.common.v1.TopLogprob\"M\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07logprob\x18\x03 \x01(\x02\x12\r\n\x05\x62ytes\x18\x04 \x01(\x0c*\xd5\x01\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x1b\n\x17\x46INISH_REASON_CANCELLED\x10\x03\x12 \n\x1c\x46INISH_REASON_CONTENT_FILTER\x10\x04\x12\x17\n\x13\x46INISH_REASON_ERROR\x10\x05\x12\x1c\n\x18\x46INISH_REASON_TOOL_CALLS\x10\x06*_\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bROLE_SYSTEM\x10\x01\x12\r\n\tROLE_USER\x10\x02\x12\x12\n\x0eROLE_ASSISTANT\x10\x03\x12\r\n\tROLE_TOOL\x10\x04*\x87\x01\n\x0eToolChoiceMode\x12 \n\x1cTOOL_CHOICE_MODE_UNSPECIFIED\x10\x00\x12\x19\n\x15TOOL_CHOICE_MODE_NONE\x10\x01\x12\x19\n\x15TOOL_CHOICE_MODE_AUTO\x10\x02\x12\x1d\n\x19TOOL_CHOICE_MODE_REQUIRED\x10\x03*\\\n\tModelKind\x12\x1a\n\x16MODEL_KIND_UNSPECIFIED\x10\x00\x12\x19\n\x15MODEL_KIND_GENERATION\x10\x01\x12\x18\n\x14MODEL_KIND_EMBEDDING\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmapi.common.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_FINISHREASON']._serialized_start=556
-  _globals['_FINISHREASON']._serialized_end=739
-  _globals['_ROLE']._serialized_start=741
-  _globals['_ROLE']._serialized_end=836
-  _globals['_MODELKIND']._serialized_start=838
-  _globals['_MODELKIND']._serialized_end=930
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
+  _globals['_FINISHREASON']._serialized_start=1950
+  _globals['_FINISHREASON']._serialized_end=2163
+  _globals['_ROLE']._serialized_start=2165
+  _globals['_ROLE']._serialized_end=2260
+  _globals['_TOOLCHOICEMODE']._serialized_start=2263
+  _globals['_TOOLCHOICEMODE']._serialized_end=2398
+  _globals['_MODELKIND']._serialized_start=2400
+  _globals['_MODELKIND']._serialized_end=2492
   _globals['_USAGE']._serialized_start=51
   _globals['_USAGE']._serialized_end=153
-  _globals['_CHATMESSAGE']._serialized_start=155
-  _globals['_CHATMESSAGE']._serialized_end=237
-  _globals['_SAMPLINGPARAMS']._serialized_start=240
-  _globals['_SAMPLINGPARAMS']._serialized_end=487
-  _globals['_TOKENLOGPROB']._serialized_start=489
-  _globals['_TOKENLOGPROB']._serialized_end=553
+  _globals['_CHATMESSAGE']._serialized_start=156
+  _globals['_CHATMESSAGE']._serialized_end=308
+  _globals['_FUNCTIONCALL']._serialized_start=310
+  _globals['_FUNCTIONCALL']._serialized_end=357
+  _globals['_TOOLCALL']._serialized_start=359
+  _globals['_TOOLCALL']._serialized_end=445
+  _globals['_FUNCTIONDEFINITION']._serialized_start=447
+  _globals['_FUNCTIONDEFINITION']._serialized_end=543
+  _globals['_TOOL']._serialized_start=545
+  _globals['_TOOL']._serialized_end=621
+  _globals['_TOOLCHOICE']._serialized_start=623
+  _globals['_TOOLCHOICE']._serialized_end=706
+  _globals['_TOOLCALLDELTA']._serialized_start=708
+  _globals['_TOOLCALLDELTA']._serialized_end=783
+  _globals['_CHOICEFORMAT']._serialized_start=785
+  _globals['_CHOICEFORMAT']._serialized_end=815
+  _globals['_TAGGEDJSONFORMAT']._serialized_start=817
+  _globals['_TAGGEDJSONFORMAT']._serialized_end=922
+  _globals['_OUTPUTFORMAT']._serialized_start=925
+  _globals['_OUTPUTFORMAT']._serialized_end=1140
+  _globals['_SAMPLINGPARAMS']._serialized_start=1143
+  _globals['_SAMPLINGPARAMS']._serialized_end=1734
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=1613
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=1661
+  _globals['_TOKENLOGPROB']._serialized_start=1737
+  _globals['_TOKENLOGPROB']._serialized_end=1868
+  _globals['_TOPLOGPROB']._serialized_start=1870
+  _globals['_TOPLOGPROB']._serialized_end=1947
 # @@protoc_insertion_point(module_scope)

@@ -36,6 +36,8 @@ class _FinishReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_FinishRe
     """The output guard stopped the stream."""
     FINISH_REASON_ERROR: _FinishReason.ValueType  # 5
     """The request failed after output had started (e.g. a replica was lost)."""
+    FINISH_REASON_TOOL_CALLS: _FinishReason.ValueType  # 6
+    """The model called one or more tools (the message holds tool_calls)."""
 
 class FinishReason(_FinishReason, metaclass=_FinishReasonEnumTypeWrapper):
     """Why generation stopped. Set only on the last message of a stream."""
@@ -51,6 +53,8 @@ FINISH_REASON_CONTENT_FILTER: FinishReason.ValueType  # 4
 """The output guard stopped the stream."""
 FINISH_REASON_ERROR: FinishReason.ValueType  # 5
 """The request failed after output had started (e.g. a replica was lost)."""
+FINISH_REASON_TOOL_CALLS: FinishReason.ValueType  # 6
+"""The model called one or more tools (the message holds tool_calls)."""
 Global___FinishReason: _TypeAlias = FinishReason  # noqa: Y015
 
 class _Role:
@@ -74,6 +78,34 @@ ROLE_USER: Role.ValueType  # 2
 ROLE_ASSISTANT: Role.ValueType  # 3
 ROLE_TOOL: Role.ValueType  # 4
 Global___Role: _TypeAlias = Role  # noqa: Y015
+
+class _ToolChoiceMode:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ToolChoiceModeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ToolChoiceMode.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    TOOL_CHOICE_MODE_UNSPECIFIED: _ToolChoiceMode.ValueType  # 0
+    """"auto" when tools are given, else "none"."""
+    TOOL_CHOICE_MODE_NONE: _ToolChoiceMode.ValueType  # 1
+    """Never call a tool."""
+    TOOL_CHOICE_MODE_AUTO: _ToolChoiceMode.ValueType  # 2
+    """The model decides between text and calls."""
+    TOOL_CHOICE_MODE_REQUIRED: _ToolChoiceMode.ValueType  # 3
+    """At least one call; arguments are constrained to the tools' schemas."""
+
+class ToolChoiceMode(_ToolChoiceMode, metaclass=_ToolChoiceModeEnumTypeWrapper):
+    """How the model may use the request's tools."""
+
+TOOL_CHOICE_MODE_UNSPECIFIED: ToolChoiceMode.ValueType  # 0
+""""auto" when tools are given, else "none"."""
+TOOL_CHOICE_MODE_NONE: ToolChoiceMode.ValueType  # 1
+"""Never call a tool."""
+TOOL_CHOICE_MODE_AUTO: ToolChoiceMode.ValueType  # 2
+"""The model decides between text and calls."""
+TOOL_CHOICE_MODE_REQUIRED: ToolChoiceMode.ValueType  # 3
+"""At least one call; arguments are constrained to the tools' schemas."""
+Global___ToolChoiceMode: _TypeAlias = ToolChoiceMode  # noqa: Y015
 
 class _ModelKind:
     ValueType = _typing.NewType("ValueType", _builtins.int)
@@ -144,25 +176,321 @@ class ChatMessage(_message.Message):
     ROLE_FIELD_NUMBER: _builtins.int
     CONTENT_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
+    TOOL_CALL_ID_FIELD_NUMBER: _builtins.int
     role: Global___Role.ValueType
     content: _builtins.str
     """UTF-8 text; limits are enforced by the serving service (see its README)."""
     name: _builtins.str
     """Optional participant name, passed to the chat template as `name`."""
+    tool_call_id: _builtins.str
+    """The call this message answers (tool messages only; required there)."""
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[Global___ToolCall]:
+        """Calls the assistant made (assistant messages only); content may be empty then."""
+
     def __init__(
         self,
         *,
         role: Global___Role.ValueType = ...,
         content: _builtins.str = ...,
         name: _builtins.str = ...,
+        tool_calls: _abc.Iterable[Global___ToolCall] | None = ...,
+        tool_call_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["content", b"content", "name", b"name", "role", b"role", "tool_call_id", b"tool_call_id", "tool_calls", b"tool_calls"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatMessage: _TypeAlias = ChatMessage  # noqa: Y015
+
+@_typing.final
+class FunctionCall(_message.Message):
+    """A function the model called."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The function's name, one of the request's tools."""
+    arguments: _builtins.str
+    """The arguments as a JSON object text, as the model wrote them."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FunctionCall: _TypeAlias = FunctionCall  # noqa: Y015
+
+@_typing.final
+class ToolCall(_message.Message):
+    """One tool call of an assistant message."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ID_FIELD_NUMBER: _builtins.int
+    TYPE_FIELD_NUMBER: _builtins.int
+    FUNCTION_FIELD_NUMBER: _builtins.int
+    id: _builtins.str
+    """Unique within the conversation (e.g. "call_..."); tool messages refer to it."""
+    type: _builtins.str
+    """Always "function" today."""
+    @_builtins.property
+    def function(self) -> Global___FunctionCall: ...
+    def __init__(
+        self,
+        *,
+        id: _builtins.str = ...,
+        type: _builtins.str = ...,
+        function: Global___FunctionCall | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["function", b"function"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["function", b"function", "id", b"id", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCall: _TypeAlias = ToolCall  # noqa: Y015
+
+@_typing.final
+class FunctionDefinition(_message.Message):
+    """A function the model may call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    DESCRIPTION_FIELD_NUMBER: _builtins.int
+    PARAMETERS_JSON_FIELD_NUMBER: _builtins.int
+    STRICT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """1-64 characters of [A-Za-z0-9_-]."""
+    description: _builtins.str
+    parameters_json: _builtins.str
+    """JSON Schema of the arguments object, as JSON text; empty = no arguments."""
+    strict: _builtins.bool
+    """Arguments must validate against parameters (enforced by constrained decoding
+    whenever a call is forced).
+    """
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        description: _builtins.str = ...,
+        parameters_json: _builtins.str = ...,
+        strict: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["description", b"description", "name", b"name", "parameters_json", b"parameters_json", "strict", b"strict"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___FunctionDefinition: _TypeAlias = FunctionDefinition  # noqa: Y015
+
+@_typing.final
+class Tool(_message.Message):
+    """A tool offered to the model."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: _builtins.int
+    FUNCTION_FIELD_NUMBER: _builtins.int
+    type: _builtins.str
+    """Always "function" today."""
+    @_builtins.property
+    def function(self) -> Global___FunctionDefinition: ...
+    def __init__(
+        self,
+        *,
+        type: _builtins.str = ...,
+        function: Global___FunctionDefinition | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["function", b"function"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["function", b"function", "type", b"type"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Tool: _TypeAlias = Tool  # noqa: Y015
+
+@_typing.final
+class ToolChoice(_message.Message):
+    """The request's tool_choice: a mode or one named function (which is then forced)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MODE_FIELD_NUMBER: _builtins.int
+    FUNCTION_NAME_FIELD_NUMBER: _builtins.int
+    mode: Global___ToolChoiceMode.ValueType
+    function_name: _builtins.str
+    """When set, exactly this function is called (mode is ignored)."""
+    def __init__(
+        self,
+        *,
+        mode: Global___ToolChoiceMode.ValueType = ...,
+        function_name: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["function_name", b"function_name", "mode", b"mode"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolChoice: _TypeAlias = ToolChoice  # noqa: Y015
+
+@_typing.final
+class ToolCallDelta(_message.Message):
+    """A fragment of a streamed tool call; the fragments of one index concatenate to the call."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    ID_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
+    ARGUMENTS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    """Position of the call in the message's tool_calls."""
+    id: _builtins.str
+    """Set on the call's first fragment only."""
+    name: _builtins.str
+    """Set on the call's first fragment only."""
+    arguments: _builtins.str
+    """The next piece of the arguments' JSON text."""
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        id: _builtins.str = ...,
+        name: _builtins.str = ...,
+        arguments: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arguments", b"arguments", "id", b"id", "index", b"index", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ToolCallDelta: _TypeAlias = ToolCallDelta  # noqa: Y015
+
+@_typing.final
+class ChoiceFormat(_message.Message):
+    """One of N literal strings."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALUES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """1-256 non-empty strings."""
+
+    def __init__(
+        self,
+        *,
+        values: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChoiceFormat: _TypeAlias = ChoiceFormat  # noqa: Y015
+
+@_typing.final
+class TaggedJsonFormat(_message.Message):
+    """Text of the form begin + JSON (matching json_schema) + end, repeated 1..max_items times
+    with separator between (e.g. tool calls: "<tool_call>\\n", {...}, "\\n</tool_call>").
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BEGIN_FIELD_NUMBER: _builtins.int
+    JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    MAX_ITEMS_FIELD_NUMBER: _builtins.int
+    SEPARATOR_FIELD_NUMBER: _builtins.int
+    begin: _builtins.str
+    json_schema: _builtins.str
+    end: _builtins.str
+    max_items: _builtins.int
+    """0 or 1 = exactly one item."""
+    separator: _builtins.str
+    def __init__(
+        self,
+        *,
+        begin: _builtins.str = ...,
+        json_schema: _builtins.str = ...,
+        end: _builtins.str = ...,
+        max_items: _builtins.int = ...,
+        separator: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["begin", b"begin", "end", b"end", "json_schema", b"json_schema", "max_items", b"max_items", "separator", b"separator"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TaggedJsonFormat: _TypeAlias = TaggedJsonFormat  # noqa: Y015
+
+@_typing.final
+class OutputFormat(_message.Message):
+    """A constraint on the output, applied as a token mask at every step (constrained decoding).
+    End-of-sequence is only allowed where the constraint accepts the output.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JSON_OBJECT_FIELD_NUMBER: _builtins.int
+    JSON_SCHEMA_FIELD_NUMBER: _builtins.int
+    REGEX_FIELD_NUMBER: _builtins.int
+    GRAMMAR_FIELD_NUMBER: _builtins.int
+    CHOICE_FIELD_NUMBER: _builtins.int
+    TAGGED_JSON_FIELD_NUMBER: _builtins.int
+    json_object: _builtins.bool
+    """Any JSON object."""
+    json_schema: _builtins.str
+    """JSON matching this JSON Schema (JSON text)."""
+    regex: _builtins.str
+    """Text matching this regular expression (whole output)."""
+    grammar: _builtins.str
+    """Text of this EBNF grammar (GBNF dialect; the start rule is `root`)."""
+    @_builtins.property
+    def choice(self) -> Global___ChoiceFormat:
+        """Exactly one of these strings."""
+
+    @_builtins.property
+    def tagged_json(self) -> Global___TaggedJsonFormat:
+        """Tagged JSON items (forced tool calls)."""
+
+    def __init__(
+        self,
+        *,
+        json_object: _builtins.bool = ...,
+        json_schema: _builtins.str = ...,
+        regex: _builtins.str = ...,
+        grammar: _builtins.str = ...,
+        choice: Global___ChoiceFormat | None = ...,
+        tagged_json: Global___TaggedJsonFormat | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "format", b"format", "grammar", b"grammar", "json_object", b"json_object", "json_schema", b"json_schema", "regex", b"regex", "tagged_json", b"tagged_json"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["choice", b"choice", "format", b"format", "grammar", b"grammar", "json_object", b"json_object", "json_schema", b"json_schema", "regex", b"regex", "tagged_json", b"tagged_json"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_format: _TypeAlias = _typing.Literal["json_object", "json_schema", "regex", "grammar", "choice", "tagged_json"]  # noqa: Y015
+    _WhichOneofArgType_format: _TypeAlias = _typing.Literal["format", b"format"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_format) -> _WhichOneofReturnType_format | None: ...
+
+Global___OutputFormat: _TypeAlias = OutputFormat  # noqa: Y015
 
 @_typing.final
 class SamplingParams(_message.Message):
@@ -171,6 +499,26 @@ class SamplingParams(_message.Message):
     """
 
     DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class LogitBiasEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.int
+        value: _builtins.float
+        def __init__(
+            self,
+            *,
+            key: _builtins.int = ...,
+            value: _builtins.float = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
 
     TEMPERATURE_FIELD_NUMBER: _builtins.int
     TOP_P_FIELD_NUMBER: _builtins.int
@@ -181,6 +529,15 @@ class SamplingParams(_message.Message):
     IGNORE_EOS_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     STOP_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    N_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
+    PRESENCE_PENALTY_FIELD_NUMBER: _builtins.int
+    FREQUENCY_PENALTY_FIELD_NUMBER: _builtins.int
+    REPETITION_PENALTY_FIELD_NUMBER: _builtins.int
+    LOGIT_BIAS_FIELD_NUMBER: _builtins.int
+    MIN_TOKENS_FIELD_NUMBER: _builtins.int
+    MIN_P_FIELD_NUMBER: _builtins.int
+    FORMAT_FIELD_NUMBER: _builtins.int
     temperature: _builtins.float
     """Softmax temperature in [0, 2]; 0 means greedy. Default 1.0."""
     top_p: _builtins.float
@@ -197,6 +554,22 @@ class SamplingParams(_message.Message):
     """Keep generating past the end-of-sequence token (benchmarks, tests)."""
     logprobs: _builtins.bool
     """Return the log-probability of each chosen token."""
+    n: _builtins.int
+    """Independent completions of the same prompt, 1-16; 0 = 1."""
+    top_logprobs: _builtins.int
+    """Most likely alternatives returned for each token, 0-20 (implies logprobs)."""
+    presence_penalty: _builtins.float
+    """Subtracted once from the logit of every token already generated, [-2, 2]."""
+    frequency_penalty: _builtins.float
+    """Subtracted from a token's logit per time it was generated, [-2, 2]."""
+    repetition_penalty: _builtins.float
+    """Divides positive (multiplies negative) logits of tokens in the prompt or output,
+    (0, 2]; unset = 1 (off).
+    """
+    min_tokens: _builtins.int
+    """End-of-sequence and stop tokens are masked until this many tokens were generated."""
+    min_p: _builtins.float
+    """Drop tokens whose probability is below min_p times the most likely one's, [0, 1]."""
     @_builtins.property
     def stop(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Stop strings matched on the detokenized output; the match is not returned.
@@ -206,6 +579,14 @@ class SamplingParams(_message.Message):
     @_builtins.property
     def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Extra token ids that stop generation (in addition to the model's EOS)."""
+
+    @_builtins.property
+    def logit_bias(self) -> _containers.ScalarMap[_builtins.int, _builtins.float]:
+        """Token id -> bias added to its logit, each in [-100, 100]; at most 300 entries."""
+
+    @_builtins.property
+    def format(self) -> Global___OutputFormat:
+        """Constrain the output (JSON, JSON schema, regex, grammar, choice, tool calls)."""
 
     def __init__(
         self,
@@ -219,13 +600,24 @@ class SamplingParams(_message.Message):
         ignore_eos: _builtins.bool = ...,
         logprobs: _builtins.bool = ...,
         stop_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        n: _builtins.int = ...,
+        top_logprobs: _builtins.int = ...,
+        presence_penalty: _builtins.float = ...,
+        frequency_penalty: _builtins.float = ...,
+        repetition_penalty: _builtins.float | None = ...,
+        logit_bias: _abc.Mapping[_builtins.int, _builtins.float] | None = ...,
+        min_tokens: _builtins.int = ...,
+        min_p: _builtins.float = ...,
+        format: Global___OutputFormat | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "max_tokens", b"max_tokens", "seed", b"seed", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "format", b"format", "max_tokens", b"max_tokens", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "temperature", b"temperature", "top_p", b"top_p"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "ignore_eos", b"ignore_eos", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens", "_repetition_penalty", b"_repetition_penalty", "_seed", b"_seed", "_temperature", b"_temperature", "_top_p", b"_top_p", "format", b"format", "frequency_penalty", b"frequency_penalty", "ignore_eos", b"ignore_eos", "logit_bias", b"logit_bias", "logprobs", b"logprobs", "max_tokens", b"max_tokens", "min_p", b"min_p", "min_tokens", b"min_tokens", "n", b"n", "presence_penalty", b"presence_penalty", "repetition_penalty", b"repetition_penalty", "seed", b"seed", "stop", b"stop", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_logprobs", b"top_logprobs", "top_p", b"top_p"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_tokens: _TypeAlias = _typing.Literal["max_tokens"]  # noqa: Y015
     _WhichOneofArgType__max_tokens: _TypeAlias = _typing.Literal["_max_tokens", b"_max_tokens"]  # noqa: Y015
+    _WhichOneofReturnType__repetition_penalty: _TypeAlias = _typing.Literal["repetition_penalty"]  # noqa: Y015
+    _WhichOneofArgType__repetition_penalty: _TypeAlias = _typing.Literal["_repetition_penalty", b"_repetition_penalty"]  # noqa: Y015
     _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
     _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
     _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
@@ -234,6 +626,8 @@ class SamplingParams(_message.Message):
     _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__max_tokens) -> _WhichOneofReturnType__max_tokens | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__repetition_penalty) -> _WhichOneofReturnType__repetition_penalty | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
     @_typing.overload
@@ -252,22 +646,62 @@ class TokenLogprob(_message.Message):
     TOKEN_ID_FIELD_NUMBER: _builtins.int
     TOKEN_FIELD_NUMBER: _builtins.int
     LOGPROB_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    TOP_LOGPROBS_FIELD_NUMBER: _builtins.int
     token_id: _builtins.int
     token: _builtins.str
     """The token's text; may be a partial UTF-8 sequence rendered with U+FFFD."""
     logprob: _builtins.float
     """Natural log of the probability after temperature/top-k/top-p processing."""
+    bytes: _builtins.bytes
+    """The token's raw bytes (a partial UTF-8 sequence stays as it is)."""
+    @_builtins.property
+    def top_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopLogprob]:
+        """The most likely tokens at this position, most likely first (top_logprobs)."""
+
     def __init__(
         self,
         *,
         token_id: _builtins.int = ...,
         token: _builtins.str = ...,
         logprob: _builtins.float = ...,
+        bytes: _builtins.bytes = ...,
+        top_logprobs: _abc.Iterable[Global___TopLogprob] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["logprob", b"logprob", "token", b"token", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "logprob", b"logprob", "token", b"token", "token_id", b"token_id", "top_logprobs", b"top_logprobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TokenLogprob: _TypeAlias = TokenLogprob  # noqa: Y015
+
+@_typing.final
+class TopLogprob(_message.Message):
+    """One alternative at a position (see TokenLogprob.top_logprobs)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    LOGPROB_FIELD_NUMBER: _builtins.int
+    BYTES_FIELD_NUMBER: _builtins.int
+    token_id: _builtins.int
+    token: _builtins.str
+    logprob: _builtins.float
+    bytes: _builtins.bytes
+    def __init__(
+        self,
+        *,
+        token_id: _builtins.int = ...,
+        token: _builtins.str = ...,
+        logprob: _builtins.float = ...,
+        bytes: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bytes", b"bytes", "logprob", b"logprob", "token", b"token", "token_id", b"token_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopLogprob: _TypeAlias = TopLogprob  # noqa: Y015

@@ -147,12 +147,17 @@ class ChatRequest(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model name, alias, or "auto" (cheapest model that fits and is allowed)."""
     user: _builtins.str
     """Caller's end-user id, for abuse tracking; never logged in clear."""
     request_id: _builtins.str
     """Client-chosen idempotency id (1-128 chars [A-Za-z0-9._-]); generated when empty."""
+    parallel_tool_calls: _builtins.bool
+    """Allow more than one call in a message; unset = true."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
         """The conversation, oldest first; at least one message."""
@@ -165,6 +170,12 @@ class ChatRequest(_message.Message):
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Free-form labels recorded with usage (at most 16 pairs, 64/256 bytes)."""
 
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]:
+        """Functions the model may call (at most 128); rendered by the model's chat template."""
+
+    @_builtins.property
+    def tool_choice(self) -> _common_pb2.ToolChoice: ...
     def __init__(
         self,
         *,
@@ -175,12 +186,17 @@ class ChatRequest(_message.Message):
         user: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         request_id: _builtins.str = ...,
+        tools: _abc.Iterable[_common_pb2.Tool] | None = ...,
+        tool_choice: _common_pb2.ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "cache", b"cache", "parallel_tool_calls", b"parallel_tool_calls", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "messages", b"messages", "metadata", b"metadata", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "cache", b"cache", "messages", b"messages", "metadata", b"metadata", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "request_id", b"request_id", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
 
 Global___ChatRequest: _TypeAlias = ChatRequest  # noqa: Y015
 
@@ -198,6 +214,7 @@ class ChatResponse(_message.Message):
     CACHE_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
+    CHOICES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     """The model that served the request (an alias or "auto" is resolved)."""
@@ -216,6 +233,12 @@ class ChatResponse(_message.Message):
 
     @_builtins.property
     def created(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def choices(self) -> _containers.RepeatedCompositeFieldContainer[Global___ChatChoice]:
+        """Every completion when sampling.n > 1 (index 0 is also in message); usage
+        counts them all.
+        """
+
     def __init__(
         self,
         *,
@@ -227,14 +250,47 @@ class ChatResponse(_message.Message):
         cache: Global___CacheInfo | None = ...,
         logprobs: _abc.Iterable[_common_pb2.TokenLogprob] | None = ...,
         created: _timestamp_pb2.Timestamp | None = ...,
+        choices: _abc.Iterable[Global___ChatChoice] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "created", b"created", "message", b"message", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "created", b"created", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "message", b"message", "model", b"model", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "choices", b"choices", "created", b"created", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "message", b"message", "model", b"model", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ChatResponse: _TypeAlias = ChatResponse  # noqa: Y015
+
+@_typing.final
+class ChatChoice(_message.Message):
+    """One of the n completions of a chat request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    MESSAGE_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    finish_reason: _common_pb2.FinishReason.ValueType
+    @_builtins.property
+    def message(self) -> _common_pb2.ChatMessage: ...
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]: ...
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        message: _common_pb2.ChatMessage | None = ...,
+        finish_reason: _common_pb2.FinishReason.ValueType = ...,
+        logprobs: _abc.Iterable[_common_pb2.TokenLogprob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["message", b"message"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "message", b"message"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ChatChoice: _TypeAlias = ChatChoice  # noqa: Y015
 
 @_typing.final
 class ChatStreamRequest(_message.Message):
@@ -269,9 +325,14 @@ class ChatStreamRequest(_message.Message):
     USER_FIELD_NUMBER: _builtins.int
     METADATA_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
+    TOOL_CHOICE_FIELD_NUMBER: _builtins.int
+    PARALLEL_TOOL_CALLS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     user: _builtins.str
     request_id: _builtins.str
+    parallel_tool_calls: _builtins.bool
+    """Allow more than one call in a message; unset = true."""
     @_builtins.property
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]: ...
     @_builtins.property
@@ -280,6 +341,12 @@ class ChatStreamRequest(_message.Message):
     def cache(self) -> Global___CachePolicy: ...
     @_builtins.property
     def metadata(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]: ...
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]:
+        """Functions the model may call (at most 128); rendered by the model's chat template."""
+
+    @_builtins.property
+    def tool_choice(self) -> _common_pb2.ToolChoice: ...
     def __init__(
         self,
         *,
@@ -290,12 +357,17 @@ class ChatStreamRequest(_message.Message):
         user: _builtins.str = ...,
         metadata: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         request_id: _builtins.str = ...,
+        tools: _abc.Iterable[_common_pb2.Tool] | None = ...,
+        tool_choice: _common_pb2.ToolChoice | None = ...,
+        parallel_tool_calls: _builtins.bool | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "cache", b"cache", "parallel_tool_calls", b"parallel_tool_calls", "sampling", b"sampling", "tool_choice", b"tool_choice"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "messages", b"messages", "metadata", b"metadata", "model", b"model", "request_id", b"request_id", "sampling", b"sampling", "user", b"user"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls", "cache", b"cache", "messages", b"messages", "metadata", b"metadata", "model", b"model", "parallel_tool_calls", b"parallel_tool_calls", "request_id", b"request_id", "sampling", b"sampling", "tool_choice", b"tool_choice", "tools", b"tools", "user", b"user"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__parallel_tool_calls: _TypeAlias = _typing.Literal["parallel_tool_calls"]  # noqa: Y015
+    _WhichOneofArgType__parallel_tool_calls: _TypeAlias = _typing.Literal["_parallel_tool_calls", b"_parallel_tool_calls"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__parallel_tool_calls) -> _WhichOneofReturnType__parallel_tool_calls | None: ...
 
 Global___ChatStreamRequest: _TypeAlias = ChatStreamRequest  # noqa: Y015
 
@@ -312,12 +384,16 @@ class ChatStreamResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     CACHE_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
+    TOOL_CALLS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     delta: _builtins.str
     """Text appended since the previous message; never splits a UTF-8 character."""
     finish_reason: _common_pb2.FinishReason.ValueType
     """UNSPECIFIED on every message but the last."""
+    index: _builtins.int
+    """The completion (of sampling.n) this message belongs to."""
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]: ...
     @_builtins.property
@@ -327,6 +403,10 @@ class ChatStreamResponse(_message.Message):
     @_builtins.property
     def cache(self) -> Global___CacheInfo:
         """Set on the first message only."""
+
+    @_builtins.property
+    def tool_calls(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ToolCallDelta]:
+        """Tool calls being written: the first fragment of a call has its id and name."""
 
     def __init__(
         self,
@@ -338,10 +418,12 @@ class ChatStreamResponse(_message.Message):
         finish_reason: _common_pb2.FinishReason.ValueType = ...,
         usage: _common_pb2.Usage | None = ...,
         cache: Global___CacheInfo | None = ...,
+        index: _builtins.int = ...,
+        tool_calls: _abc.Iterable[_common_pb2.ToolCallDelta] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "delta", b"delta", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "delta", b"delta", "finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "model", b"model", "request_id", b"request_id", "tool_calls", b"tool_calls", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -424,6 +506,7 @@ class CompleteResponse(_message.Message):
     CACHE_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
     CREATED_FIELD_NUMBER: _builtins.int
+    CHOICES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     text: _builtins.str
@@ -436,6 +519,10 @@ class CompleteResponse(_message.Message):
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]: ...
     @_builtins.property
     def created(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def choices(self) -> _containers.RepeatedCompositeFieldContainer[Global___CompletionChoice]:
+        """Every completion when sampling.n > 1 (index 0 is also in text)."""
+
     def __init__(
         self,
         *,
@@ -447,14 +534,46 @@ class CompleteResponse(_message.Message):
         cache: Global___CacheInfo | None = ...,
         logprobs: _abc.Iterable[_common_pb2.TokenLogprob] | None = ...,
         created: _timestamp_pb2.Timestamp | None = ...,
+        choices: _abc.Iterable[Global___CompletionChoice] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "created", b"created", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "created", b"created", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "request_id", b"request_id", "text", b"text", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "choices", b"choices", "created", b"created", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "request_id", b"request_id", "text", b"text", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CompleteResponse: _TypeAlias = CompleteResponse  # noqa: Y015
+
+@_typing.final
+class CompletionChoice(_message.Message):
+    """One of the n completions of a raw-prompt request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INDEX_FIELD_NUMBER: _builtins.int
+    TEXT_FIELD_NUMBER: _builtins.int
+    FINISH_REASON_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
+    index: _builtins.int
+    text: _builtins.str
+    finish_reason: _common_pb2.FinishReason.ValueType
+    @_builtins.property
+    def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]: ...
+    def __init__(
+        self,
+        *,
+        index: _builtins.int = ...,
+        text: _builtins.str = ...,
+        finish_reason: _common_pb2.FinishReason.ValueType = ...,
+        logprobs: _abc.Iterable[_common_pb2.TokenLogprob] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "text", b"text"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CompletionChoice: _TypeAlias = CompletionChoice  # noqa: Y015
 
 @_typing.final
 class CompleteStreamRequest(_message.Message):
@@ -531,12 +650,15 @@ class CompleteStreamResponse(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     USAGE_FIELD_NUMBER: _builtins.int
     CACHE_FIELD_NUMBER: _builtins.int
+    INDEX_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     model: _builtins.str
     delta: _builtins.str
     """Text appended since the previous message."""
     finish_reason: _common_pb2.FinishReason.ValueType
     """UNSPECIFIED on every message but the last."""
+    index: _builtins.int
+    """The completion (of sampling.n) this message belongs to."""
     @_builtins.property
     def logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprob]: ...
     @_builtins.property
@@ -557,10 +679,11 @@ class CompleteStreamResponse(_message.Message):
         finish_reason: _common_pb2.FinishReason.ValueType = ...,
         usage: _common_pb2.Usage | None = ...,
         cache: Global___CacheInfo | None = ...,
+        index: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "usage", b"usage"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "delta", b"delta", "finish_reason", b"finish_reason", "logprobs", b"logprobs", "model", b"model", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cache", b"cache", "delta", b"delta", "finish_reason", b"finish_reason", "index", b"index", "logprobs", b"logprobs", "model", b"model", "request_id", b"request_id", "usage", b"usage"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -675,6 +798,7 @@ class CountTokensRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     prompt: _builtins.str
     """Raw prompt text."""
@@ -682,16 +806,21 @@ class CountTokensRequest(_message.Message):
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
         """A conversation; the chat template (with generation prompt) is applied."""
 
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]:
+        """Tools rendered with the messages."""
+
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         prompt: _builtins.str = ...,
         messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
+        tools: _abc.Iterable[_common_pb2.Tool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "prompt", b"prompt"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "prompt", b"prompt", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

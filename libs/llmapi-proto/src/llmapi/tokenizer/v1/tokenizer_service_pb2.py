@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from llmapi.common.v1 import common_pb2 as llmapi_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+llmapi/tokenizer/v1/tokenizer_service.proto\x12\x13llmapi.tokenizer.v1\x1a\x1dllmapi/common/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"I\n\rEncodeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\"X\n\x0e\x45ncodeResponse\x12\x30\n\tencodings\x18\x01 \x03(\x0b\x32\x1d.llmapi.tokenizer.v1.TokenIds\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\x03\"m\n\rDecodeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x30\n\tsequences\x18\x02 \x03(\x0b\x32\x1d.llmapi.tokenizer.v1.TokenIds\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\"\x1f\n\x0e\x44\x65\x63odeResponse\x12\r\n\x05texts\x18\x01 \x03(\t\"y\n\x18\x41pplyChatTemplateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12/\n\x08messages\x18\x02 \x03(\x0b\x32\x1d.llmapi.common.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08\"X\n\x19\x41pplyChatTemplateResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x18\n\x10\x64\x65\x66\x61ult_template\x18\x03 \x01(\x08\"c\n\x12\x43ountTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12/\n\x08messages\x18\x03 \x03(\x0b\x32\x1d.llmapi.common.v1.ChatMessage\"4\n\x13\x43ountTokensResponse\x12\x0e\n\x06\x63ounts\x18\x01 \x03(\x05\x12\r\n\x05total\x18\x02 \x01(\x03\"\x1c\n\x0bInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"(\n\x0cSpecialToken\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\x05\"\xc1\x02\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x13\n\x0bmax_context\x18\x03 \x01(\x05\x12.\n\x03\x62os\x18\x04 \x01(\x0b\x32!.llmapi.tokenizer.v1.SpecialToken\x12.\n\x03\x65os\x18\x05 \x01(\x0b\x32!.llmapi.tokenizer.v1.SpecialToken\x12.\n\x03pad\x18\x06 \x01(\x0b\x32!.llmapi.tokenizer.v1.SpecialToken\x12\x39\n\x0especial_tokens\x18\x07 \x03(\x0b\x32!.llmapi.tokenizer.v1.SpecialToken\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x13\n\x0b\x66ingerprint\x18\t \x01(\t2\xdb\x03\n\x10TokenizerService\x12Q\n\x06\x45ncode\x12\".llmapi.tokenizer.v1.EncodeRequest\x1a#.llmapi.tokenizer.v1.EncodeResponse\x12Q\n\x06\x44\x65\x63ode\x12\".llmapi.tokenizer.v1.DecodeRequest\x1a#.llmapi.tokenizer.v1.DecodeResponse\x12r\n\x11\x41pplyChatTemplate\x12-.llmapi.tokenizer.v1.ApplyChatTemplateRequest\x1a..llmapi.tokenizer.v1.ApplyChatTemplateResponse\x12`\n\x0b\x43ountTokens\x12\'.llmapi.tokenizer.v1.CountTokensRequest\x1a(.llmapi.tokenizer.v1.CountTokensResponse\x12K\n\x04Info\x12 .llmapi.tokenizer.v1.InfoRequest\x1a!.llmapi.tokenizer.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+llmapi/tokenizer/v1/tokenizer_service.proto\x12\x13llmapi.tokenizer.v1\x1a\x1dllmapi/common/v1/common.proto\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"I\n\rEncodeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12\x1a\n\x12\x61\x64\x64_special_tokens\x18\x03 \x01(\x08\"X\n\x0e\x45ncodeResponse\x12\x30\n\tencodings\x18\x01 \x03(\x0b\x32\x1d.llmapi.tokenizer.v1.TokenIds\x12\x14\n\x0ctotal_tokens\x18\x02 \x01(\x03\"m\n\rDecodeRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\x30\n\tsequences\x18\x02 \x03(\x0b\x32\x1d.llmapi.tokenizer.v1.TokenIds\x12\x1b\n\x13skip_special_tokens\x18\x03 \x01(\x08\"\x1f\n\x0e\x44\x65\x63odeResponse\x12\r\n\x05texts\x18\x01 \x03(\t\"\xa0\x01\n\x18\x41pplyChatTemplateRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12/\n\x08messages\x18\x02 \x03(\x0b\x32\x1d.llmapi.common.v1.ChatMessage\x12\x1d\n\x15\x61\x64\x64_generation_prompt\x18\x03 \x01(\x08\x12%\n\x05tools\x18\x04 \x03(\x0b\x32\x16.llmapi.common.v1.Tool\"X\n\x19\x41pplyChatTemplateResponse\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x18\n\x10\x64\x65\x66\x61ult_template\x18\x03 \x01(\x08\"\x8a\x01\n\x12\x43ountTokensRequest\x12\r\n\x05model\x18\x01 \x01(\t\x12\r\n\x05texts\x18\x02 \x03(\t\x12/\n\x08messages\x18\x03 \x03(\x0b\x32\x1d.llmapi.common.v1.ChatMessage\x12%\n\x05tools\x18\x04 \x03(\x0b\x32\x16.llmapi.common.v1.Tool\"4\n\x13\x43ountTokensResponse\x12\x0e\n\x06\x63ounts\x18\x01 \x03(\x05\x12\r\n\x05total\x18\x02 \x01(\x03\"\x1c\n\x0bInfoRequest\x12\r\n\x05model\x18\x01 \x01(\t\"(\n\x0cSpecialToken\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\x05\"\xc1\x02\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x13\n\x0bmax_context\x18\x03 \x01(\x05\x12.\n\x03\x62os\x18\x04 \x01(\x0b\x32!.llmapi.tokenizer.v1.SpecialToken\x12.\n\x03\x65os\x18\x05 \x01(\x0b\x32!.llmapi.tokenizer.v1.SpecialToken\x12.\n\x03pad\x18\x06 \x01(\x0b\x32!.llmapi.tokenizer.v1.SpecialToken\x12\x39\n\x0especial_tokens\x18\x07 \x03(\x0b\x32!.llmapi.tokenizer.v1.SpecialToken\x12\x19\n\x11has_chat_template\x18\x08 \x01(\x08\x12\x13\n\x0b\x66ingerprint\x18\t \x01(\t2\xdb\x03\n\x10TokenizerService\x12Q\n\x06\x45ncode\x12\".llmapi.tokenizer.v1.EncodeRequest\x1a#.llmapi.tokenizer.v1.EncodeResponse\x12Q\n\x06\x44\x65\x63ode\x12\".llmapi.tokenizer.v1.DecodeRequest\x1a#.llmapi.tokenizer.v1.DecodeResponse\x12r\n\x11\x41pplyChatTemplate\x12-.llmapi.tokenizer.v1.ApplyChatTemplateRequest\x1a..llmapi.tokenizer.v1.ApplyChatTemplateResponse\x12`\n\x0b\x43ountTokens\x12\'.llmapi.tokenizer.v1.CountTokensRequest\x1a(.llmapi.tokenizer.v1.CountTokensResponse\x12K\n\x04Info\x12 .llmapi.tokenizer.v1.InfoRequest\x1a!.llmapi.tokenizer.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,20 +42,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DECODEREQUEST']._serialized_end=398
   _globals['_DECODERESPONSE']._serialized_start=400
   _globals['_DECODERESPONSE']._serialized_end=431
-  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_start=433
-  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_end=554
-  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_start=556
-  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_end=644
-  _globals['_COUNTTOKENSREQUEST']._serialized_start=646
-  _globals['_COUNTTOKENSREQUEST']._serialized_end=745
-  _globals['_COUNTTOKENSRESPONSE']._serialized_start=747
-  _globals['_COUNTTOKENSRESPONSE']._serialized_end=799
-  _globals['_INFOREQUEST']._serialized_start=801
-  _globals['_INFOREQUEST']._serialized_end=829
-  _globals['_SPECIALTOKEN']._serialized_start=831
-  _globals['_SPECIALTOKEN']._serialized_end=871
-  _globals['_INFORESPONSE']._serialized_start=874
-  _globals['_INFORESPONSE']._serialized_end=1195
-  _globals['_TOKENIZERSERVICE']._serialized_start=1198
-  _globals['_TOKENIZERSERVICE']._serialized_end=1673
+  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_start=434
+  _globals['_APPLYCHATTEMPLATEREQUEST']._serialized_end=594
+  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_start=596
+  _globals['_APPLYCHATTEMPLATERESPONSE']._serialized_end=684
+  _globals['_COUNTTOKENSREQUEST']._serialized_start=687
+  _globals['_COUNTTOKENSREQUEST']._serialized_end=825
+  _globals['_COUNTTOKENSRESPONSE']._serialized_start=827
+  _globals['_COUNTTOKENSRESPONSE']._serialized_end=879
+  _globals['_INFOREQUEST']._serialized_start=881
+  _globals['_INFOREQUEST']._serialized_end=909
+  _globals['_SPECIALTOKEN']._serialized_start=911
+  _globals['_SPECIALTOKEN']._serialized_end=951
+  _globals['_INFORESPONSE']._serialized_start=954
+  _globals['_INFORESPONSE']._serialized_end=1275
+  _globals['_TOKENIZERSERVICE']._serialized_start=1278
+  _globals['_TOKENIZERSERVICE']._serialized_end=1753
 # @@protoc_insertion_point(module_scope)

@@ -163,6 +163,7 @@ class ApplyChatTemplateRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     add_generation_prompt: _builtins.bool
     """Append the marker that starts the assistant's turn (what a generation
@@ -172,16 +173,23 @@ class ApplyChatTemplateRequest(_message.Message):
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
         """1-1024 messages; total content at most 1 MiB."""
 
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]:
+        """Tools passed to the template as `tools` (HF convention: {"type": "function",
+        "function": {...}} with parsed parameters).
+        """
+
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
         add_generation_prompt: _builtins.bool = ...,
+        tools: _abc.Iterable[_common_pb2.Tool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_generation_prompt", b"add_generation_prompt", "messages", b"messages", "model", b"model"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["add_generation_prompt", b"add_generation_prompt", "messages", b"messages", "model", b"model", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -230,6 +238,7 @@ class CountTokensRequest(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     TEXTS_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     @_builtins.property
     def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
@@ -239,16 +248,21 @@ class CountTokensRequest(_message.Message):
     def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
         """A conversation, counted as ApplyChatTemplate with add_generation_prompt."""
 
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]:
+        """Tools rendered with the messages."""
+
     def __init__(
         self,
         *,
         model: _builtins.str = ...,
         texts: _abc.Iterable[_builtins.str] | None = ...,
         messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
+        tools: _abc.Iterable[_common_pb2.Tool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "texts", b"texts"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "texts", b"texts", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
