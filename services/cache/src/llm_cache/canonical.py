@@ -67,7 +67,8 @@ def request_key(key: pb.CacheKey) -> RequestKey:
         model=key.model,
         entry_id=exact,
         deterministic=deterministic,
-        replayable=not key.sampling.logprobs,
+        # Logprobs (and their alternatives) are not kept with an entry.
+        replayable=not (key.sampling.logprobs or key.sampling.top_logprobs),
         source=key,
         params=params,
     )
@@ -125,6 +126,7 @@ def _params_of(serialized: bytes) -> tuple[bytes, bool]:
         "stop_token_ids": sorted(set(s.stop_token_ids)),
         "ignore_eos": s.ignore_eos,
     }
+    params.update(_shaping_params(s))
     greedy = temperature == 0.0
     if not greedy:
         params["top_p"] = float(np.float32(s.top_p if s.HasField("top_p") else DEFAULT_TOP_P))
@@ -134,6 +136,29 @@ def _params_of(serialized: bytes) -> tuple[bytes, bool]:
     return encoded, greedy or s.HasField("seed")
 
 
+def _shaping_params(s: common_pb2.SamplingParams) -> dict[str, object]:
+    """Penalties, bias, min_tokens/min_p, n and the output format: each changes the output,
+    even under greedy decoding. Only those set are included, so a request that uses none keeps
+    the key it had before they existed."""
+    params: dict[str, object] = {}
+    for name in ("presence_penalty", "frequency_penalty", "min_p"):
+        value = getattr(s, name)
+        if value:
+            params[name] = float(np.float32(value))
+    if s.HasField("repetition_penalty"):
+        params["repetition_penalty"] = float(np.float32(s.repetition_penalty))
+    if s.logit_bias:
+        params["logit_bias"] = sorted((k, float(np.float32(v))) for k, v in s.logit_bias.items())
+    if s.min_tokens:
+        params["min_tokens"] = s.min_tokens
+    if s.n > 1:
+        params["n"] = s.n
+    if s.HasField("format"):
+        form = s.format.SerializeToString(deterministic=True)
+        params["format"] = hashlib.blake2b(form, digest_size=16).hexdigest()
+    return params
+
+
 def _prompt_bytes(key: pb.CacheKey) -> bytes:
     """Token ids when given (the exact prompt); else the messages; else the raw prompt."""
     if key.prompt_token_ids:
@@ -141,10 +166,31 @@ def _prompt_bytes(key: pb.CacheKey) -> bytes:
     if key.messages:
         turns = [
             [m.role, unicodedata.normalize("NFC", m.name), unicodedata.normalize("NFC", m.content)]
+            + _tool_parts(m)
             for m in key.messages
         ]
-        return b"chat:" + json.dumps(turns, ensure_ascii=False).encode("utf-8")
+        return b"chat:" + json.dumps(turns, ensure_ascii=False).encode("utf-8") + _tools_bytes(key)
     return b"text:" + unicodedata.normalize("NFC", key.prompt).encode("utf-8")
+
+
+def _tool_parts(message: common_pb2.ChatMessage) -> list[str]:
+    """A message's tool calls and the call it answers (empty for plain turns: old keys hold)."""
+    if not (message.tool_calls or message.tool_call_id):
+        return []
+    calls = [[c.id, c.function.name, c.function.arguments] for c in message.tool_calls]
+    return [json.dumps(calls, ensure_ascii=False), message.tool_call_id]
+
+
+def _tools_bytes(key: pb.CacheKey) -> bytes:
+    """A digest of the offered tools ("" without tools), so different tool sets never match."""
+    if not key.tools:
+        return b""
+    h = hashlib.blake2b(digest_size=16)
+    for tool in key.tools:
+        data = tool.SerializeToString(deterministic=True)
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return b"|tools:" + h.hexdigest().encode("ascii")
 
 
 def _semantic_parts(key: pb.CacheKey) -> tuple[str, str | None]:
@@ -154,10 +200,14 @@ def _semantic_parts(key: pb.CacheKey) -> tuple[str, str | None]:
     if key.messages:
         *earlier, last = key.messages
         context = json.dumps(
-            [[m.role, normalise(m.name), normalise(m.content).casefold()] for m in earlier],
+            [
+                [m.role, normalise(m.name), normalise(m.content).casefold()] + _tool_parts(m)
+                for m in earlier
+            ],
             ensure_ascii=False,
         )
         text = normalise(last.content) if last.role == common_pb2.ROLE_USER else ""
-        return "chat:" + context, text or None
+        tools = _tools_bytes(key).decode("ascii")
+        return "chat:" + context + tools, text or None
     text = normalise(key.prompt)
     return "text:", text or None

@@ -39,6 +39,9 @@ def check_entry_id(v: Violations, field: str, value: str, *, required: bool) -> 
     v.require(bool(ENTRY_ID.fullmatch(value)), field, "must be an entry id (32 hex digits)")
 
 
+MAX_TOOLS = 128  # the router's limit
+
+
 def check_key(v: Violations, field: str, key: pb.CacheKey, limits: Limits) -> None:
     """Tenant, model, exactly the prompt forms that are set, and the sampling parameters."""
     check_id(v, f"{field}.tenant_id", key.tenant_id, limits, required=True)
@@ -47,6 +50,7 @@ def check_key(v: Violations, field: str, key: pb.CacheKey, limits: Limits) -> No
         v.add(field, "set prompt_token_ids, messages or prompt")
     _check_token_ids(v, f"{field}.prompt_token_ids", key.prompt_token_ids, limits.max_prompt_tokens)
     _check_messages(v, f"{field}.messages", key.messages, limits)
+    check_repeated(v, f"{field}.tools", key.tools, max_items=MAX_TOOLS)
     check_text(v, f"{field}.prompt", key.prompt, limits.max_text_bytes, allow_empty=True)
     check_sampling(v, f"{field}.sampling", key.sampling)
 

@@ -95,3 +95,49 @@ def test_tenant_tags_are_short_digests() -> None:
     assert tenant_tag("acme") == tenant_tag("acme")
     assert tenant_tag("acme") != tenant_tag("acme2")
     assert len(tenant_tag("{odd} tenant*")) == 16
+
+
+def test_output_shaping_options_are_in_the_key_even_when_greedy() -> None:
+    base = request_key(key())
+    fmt = common_pb2.OutputFormat(json_schema='{"type": "object"}')
+    variants: list[dict[str, Any]] = [
+        {"presence_penalty": 0.5},
+        {"frequency_penalty": -0.5},
+        {"repetition_penalty": 1.2},
+        {"logit_bias": {5: 10.0}},
+        {"logit_bias": {5: -10.0}},
+        {"min_tokens": 3},
+        {"min_p": 0.1},
+        {"n": 2},
+        {"format": fmt},
+        {"format": common_pb2.OutputFormat(json_object=True)},
+    ]
+    ids = {request_key(key(**v)).entry_id for v in variants}
+    assert len(ids) == len(variants)
+    assert base.entry_id not in ids
+    # Each also separates semantic matching (a JSON answer never serves a free-text one).
+    assert request_key(key(format=fmt)).namespace != base.namespace
+    assert not request_key(key(top_logprobs=2)).replayable
+
+
+def test_tools_and_tool_turns_are_in_the_exact_and_semantic_identity() -> None:
+    def with_tools(*names: str, call_args: str = "") -> pb.CacheKey:
+        k = key((S, "be brief"), (U, "weather in Paris?"))
+        for name in names:
+            k.tools.add(type="function", function=common_pb2.FunctionDefinition(name=name))
+        if call_args:
+            turn = k.messages.add(role=A)
+            turn.tool_calls.add(
+                id="c1", function=common_pb2.FunctionCall(name="w", arguments=call_args)
+            )
+            k.messages.add(role=common_pb2.ROLE_TOOL, content="sunny", tool_call_id="c1")
+            k.messages.add(role=U, content="and tomorrow?")
+        return k
+
+    plain, one, other = (request_key(with_tools(*n)) for n in ((), ("w",), ("x",)))
+    assert len({plain.entry_id, one.entry_id, other.entry_id}) == 3
+    assert len({plain.namespace, one.namespace, other.namespace}) == 3
+    first = request_key(with_tools("w", call_args='{"city": "Paris"}'))
+    second = request_key(with_tools("w", call_args='{"city": "Rome"}'))
+    assert first.entry_id != second.entry_id
+    assert first.namespace != second.namespace

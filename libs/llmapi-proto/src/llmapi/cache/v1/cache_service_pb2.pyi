@@ -53,6 +53,7 @@ class CacheKey(_message.Message):
     MESSAGES_FIELD_NUMBER: _builtins.int
     PROMPT_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    TOOLS_FIELD_NUMBER: _builtins.int
     tenant_id: _builtins.str
     model: _builtins.str
     """Canonical model name (aliases resolved)."""
@@ -68,6 +69,10 @@ class CacheKey(_message.Message):
 
     @_builtins.property
     def sampling(self) -> _common_pb2.SamplingParams: ...
+    @_builtins.property
+    def tools(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Tool]:
+        """Tools offered with the conversation: part of the exact and the semantic identity."""
+
     def __init__(
         self,
         *,
@@ -77,10 +82,11 @@ class CacheKey(_message.Message):
         messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
         prompt: _builtins.str = ...,
         sampling: _common_pb2.SamplingParams | None = ...,
+        tools: _abc.Iterable[_common_pb2.Tool] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "sampling", b"sampling", "tenant_id", b"tenant_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["messages", b"messages", "model", b"model", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "sampling", b"sampling", "tenant_id", b"tenant_id", "tools", b"tools"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
