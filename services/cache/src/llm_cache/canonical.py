@@ -165,8 +165,12 @@ def _prompt_bytes(key: pb.CacheKey) -> bytes:
         return b"ids:" + np.asarray(key.prompt_token_ids, dtype="<i4").tobytes()
     if key.messages:
         turns = [
-            [m.role, unicodedata.normalize("NFC", m.name), unicodedata.normalize("NFC", m.content)]
-            + _tool_parts(m)
+            [
+                m.role,
+                unicodedata.normalize("NFC", m.name),
+                unicodedata.normalize("NFC", m.content),
+                *_tool_parts(m),
+            ]
             for m in key.messages
         ]
         return b"chat:" + json.dumps(turns, ensure_ascii=False).encode("utf-8") + _tools_bytes(key)
@@ -201,7 +205,7 @@ def _semantic_parts(key: pb.CacheKey) -> tuple[str, str | None]:
         *earlier, last = key.messages
         context = json.dumps(
             [
-                [m.role, normalise(m.name), normalise(m.content).casefold()] + _tool_parts(m)
+                [m.role, normalise(m.name), normalise(m.content).casefold(), *_tool_parts(m)]
                 for m in earlier
             ],
             ensure_ascii=False,
