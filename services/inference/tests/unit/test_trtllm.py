@@ -1,70 +1,52 @@
-"""The TensorRT-LLM adapter against a stand-in `tensorrt_llm` module (tests/fakes) that mirrors
-the documented LLM API; no test here touches a GPU or the real package."""
+"""The TensorRT-LLM adapter against a stand-in `tensorrt_llm` package (tests/fakes) that mirrors
+the documented LLM API; no test here touches a GPU or the real package. The sampling mapping
+itself is covered in test_trtllm_params.py."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import json
+import math
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers
 
 from llm_common.config import ConfigError
-from llm_inference.backends.trtllm import TrtLlmBackend, TrtLlmConfig, import_tensorrt_llm
-from llm_inference.engine.api import FinishReason, InvalidRequest, SamplingOptions, TokenEvent
+from llm_inference.backends.trtllm import TrtLlmBackend, import_tensorrt_llm
+from llm_inference.engine.api import (
+    FinishReason,
+    FormatKind,
+    InvalidRequest,
+    OutputFormatSpec,
+    SamplingOptions,
+    TokenEvent,
+    TopToken,
+)
 
-FAKE = Path(__file__).resolve().parents[1] / "fakes" / "tensorrt_llm"
-VOCAB = 64
-EOS = 1
-
-
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+from .trtllm_fake import (
+    EOS,
+    VOCAB,
+    install_fake_tensorrt_llm,
+    remove_fake_tensorrt_llm,
+    toy_greedy,
+    toy_logprobs,
+    write_checkpoint,
+)
+from .trtllm_fake import trtllm_config as config
 
 
 @pytest.fixture
-def trt(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """The stand-in installed as `tensorrt_llm` (+ `.llmapi`), removed again after the test."""
-    monkeypatch.delitem(sys.modules, "tensorrt_llm", raising=False)
-    monkeypatch.delitem(sys.modules, "tensorrt_llm.llmapi", raising=False)
-    package = _load("tensorrt_llm", FAKE / "__init__.py")
-    package.llmapi = _load("tensorrt_llm.llmapi", FAKE / "llmapi.py")  # type: ignore[attr-defined]
-    yield package
-    for name in ("tensorrt_llm", "tensorrt_llm.llmapi"):
-        sys.modules.pop(name, None)
+def trt(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModuleType]:
+    """The stand-in installed as `tensorrt_llm` (+ submodules), removed again after the test."""
+    yield install_fake_tensorrt_llm(monkeypatch)
+    remove_fake_tensorrt_llm()
 
 
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
-    """config.json + a word-level tokenizer.json: token i decodes to `w<i>`."""
-    vocab = {f"w{i}": i for i in range(VOCAB)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
-    config = {"vocab_size": VOCAB, "eos_token_id": EOS, "max_position_embeddings": 128}
-    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return tmp_path
-
-
-def config(checkpoint: Path, **overrides: object) -> TrtLlmConfig:
-    values: dict[str, object] = {
-        "checkpoint": checkpoint, "model_name": "toy", "max_context": 128,
-        "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "max_num_seqs": 8,
-        "max_batched_tokens": 256, "gpu_memory_fraction": 0.5, "stats_interval_s": 0.01,
-    }  # fmt: skip
-    values.update(overrides)
-    return TrtLlmConfig(**values)  # type: ignore[arg-type]
+    return write_checkpoint(tmp_path)
 
 
 @pytest.fixture
@@ -77,14 +59,6 @@ async def backend(trt: ModuleType, checkpoint: Path) -> AsyncIterator[TrtLlmBack
 
 async def collect(stream: AsyncIterator[TokenEvent]) -> list[TokenEvent]:
     return [event async for event in stream]
-
-
-def toy_greedy(prompt: list[int], n: int) -> list[int]:
-    """What the stand-in model generates greedily (ignoring EOS)."""
-    history = list(prompt)
-    for _ in range(n):
-        history.append((7 * history[-1] + 3 * len(history)) % VOCAB)
-    return history[len(prompt) :]
 
 
 def test_missing_package_is_a_clear_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -102,6 +76,7 @@ async def test_llm_is_built_with_parallelism_kv_config_and_limits(
     assert (args["tensor_parallel_size"], args["pipeline_parallel_size"]) == (2, 2)
     assert (args["max_batch_size"], args["max_num_tokens"], args["max_seq_len"]) == (8, 256, 128)
     assert args["enable_iter_perf_stats"] is True
+    assert args["guided_decoding_backend"] == "xgrammar"  # constrained decoding is on by default
     kv = args["kv_cache_config"]
     assert isinstance(kv, trt.llmapi.KvCacheConfig)
     assert kv.enable_block_reuse is True
@@ -144,7 +119,9 @@ async def test_streams_greedy_tokens_with_usage_and_timings(backend: TrtLlmBacke
     assert (last.prompt_tokens, last.completion_tokens) == (3, 6)
     assert last.timings is not None
     assert last.timings.ttft_ms > 0
-    assert [lp for e in events for lp in e.logprobs or ()] == [-0.5] * 6
+    greedy_logprob, _ = toy_logprobs()
+    assert [lp for e in events for lp in e.logprobs or ()] == pytest.approx([greedy_logprob] * 6)
+    assert all(e.top_logprobs is None for e in events)  # not asked for
 
 
 async def test_eos_stop_token_and_stop_string(backend: TrtLlmBackend) -> None:
@@ -245,3 +222,72 @@ async def test_releases_without_finish_reason_still_finish_right(
     sampling = SamplingOptions(temperature=0.0, max_tokens=20, stop_token_ids=(stop_id,))
     by_stop = await collect(backend.generate("s", prompt, sampling))
     assert by_stop[-1].finish_reason is FinishReason.STOP
+
+
+async def test_without_constrained_decoding_formats_are_invalid(
+    trt: ModuleType, checkpoint: Path
+) -> None:
+    adapter = TrtLlmBackend(config(checkpoint, constrained_decoding=False))
+    await adapter.start()
+    try:
+        assert "guided_decoding_backend" not in adapter._llm.args
+        sampling = SamplingOptions(output_format=OutputFormatSpec(FormatKind.JSON_OBJECT))
+        with pytest.raises(InvalidRequest) as caught:
+            await collect(adapter.generate("f", [1, 2], sampling))
+        assert caught.value.field == "sampling.format"
+        assert not adapter._requests
+    finally:
+        await adapter.stop()
+
+
+async def test_top_logprobs_stream_most_likely_first(backend: TrtLlmBackend) -> None:
+    prompt = [5, 6, 7]
+    sampling = SamplingOptions(temperature=0.0, max_tokens=4, ignore_eos=True, top_logprobs=3)
+    events = await collect(backend.generate("t", prompt, sampling))
+    tokens = [t for e in events for t in e.token_ids]
+    chosen = [lp for e in events for lp in e.logprobs or ()]
+    top = [alternatives for e in events for alternatives in e.top_logprobs or ()]
+    assert tokens == toy_greedy(prompt, 4)
+    assert len(chosen) == len(top) == 4
+    greedy, other = toy_logprobs()
+    assert chosen == pytest.approx([greedy] * 4)
+    for token, alternatives in zip(tokens, top, strict=True):
+        assert [a.token_id for a in alternatives] == [
+            token,
+            *[t for t in (0, 1, 2) if t != token][:2],
+        ]
+        assert [a.logprob for a in alternatives] == pytest.approx([greedy, other, other])
+
+
+async def test_sampled_token_outside_the_top_n_keeps_its_own_logprob(
+    backend: TrtLlmBackend,
+) -> None:
+    sampling = SamplingOptions(
+        temperature=1.0, seed=3, max_tokens=8, ignore_eos=True, top_logprobs=1
+    )
+    events = await collect(backend.generate("s", [3], sampling))
+    tokens = [t for e in events for t in e.token_ids]
+    chosen = [lp for e in events for lp in e.logprobs or ()]
+    top = [alternatives for e in events for alternatives in e.top_logprobs or ()]
+    history = [3, *tokens]
+    greedy, other = toy_logprobs()
+    for i, token in enumerate(tokens):  # the toy's most likely token depends on the history
+        peak = (7 * history[i] + 3 * (i + 1)) % VOCAB
+        assert top[i] == (TopToken(peak, pytest.approx(greedy)),)
+        assert chosen[i] == pytest.approx(greedy if token == peak else other)
+    assert any(t != (7 * history[i] + 3 * (i + 1)) % VOCAB for i, t in enumerate(tokens))
+
+
+async def test_logit_bias_reaches_the_logits(backend: TrtLlmBackend) -> None:
+    prompt = [5, 6, 7]
+    first = toy_greedy(prompt, 1)[0]
+    banned = SamplingOptions(temperature=0.0, max_tokens=1, logit_bias=((first, -100.0),))
+    events = await collect(backend.generate("b", prompt, banned))
+    assert events[-1].token_ids != (first,)
+    forced = SamplingOptions(
+        temperature=0.0, max_tokens=5, ignore_eos=True, logit_bias=((9, 50.0),), logprobs=True
+    )
+    events = await collect(backend.generate("f", prompt, forced))
+    assert [t for e in events for t in e.token_ids] == [9] * 5
+    assert events[0].logprobs is not None
+    assert math.isclose(events[0].logprobs[0], 0.0, abs_tol=1e-9)  # 50 above the rest

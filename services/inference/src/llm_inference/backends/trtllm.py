@@ -1,7 +1,8 @@
 """TensorRT-LLM backend: the GenerationBackend interface over `tensorrt_llm.LLM`.
 
 `tensorrt_llm` is imported only when this backend is built (INFERENCE_BACKEND=tensorrt_llm);
-it needs an NVIDIA GPU image and is not a dependency of this package.
+it needs an NVIDIA GPU image and is not a dependency of this package. The sampling mapping (and
+the TensorRT-LLM sources it was checked against) is in trtllm_params.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import asyncio
 import contextlib
 import importlib
 import json
-import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +20,13 @@ from typing import Any
 
 from llm_common.config import ConfigError
 from llm_common.logging import get_logger
+from llm_inference.backends.trtllm_params import (
+    MappingContext,
+    StepLogprobs,
+    build_sampling_params,
+    checkpoint_vocab_size,
+    step_logprobs,
+)
 from llm_inference.engine.api import (
     EngineError,
     EngineInfo,
@@ -61,6 +68,10 @@ class TrtLlmConfig:
     gpu_memory_fraction: float = 0.9  # -> KvCacheConfig.free_gpu_memory_fraction
     enable_block_reuse: bool = True  # prefix caching
     stats_interval_s: float = 0.5  # how often get_stats is polled for the load report
+    # Output formats (JSON schema, regex, grammar, ...): builds the LLM with
+    # guided_decoding_backend="xgrammar"; off, requests with a format are InvalidRequest.
+    constrained_decoding: bool = True
+    vocab_size: int | None = None  # logits width for logit_bias; None = checkpoint config.json
 
 
 def import_tensorrt_llm() -> ModuleType:
@@ -82,6 +93,7 @@ class _Request:
     result: Any  # tensorrt_llm RequestOutput / GenerationResult
     prompt_tokens: int
     max_tokens: int
+    top_logprobs: int = 0  # alternatives per token the caller asked for
     arrival: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     completion_tokens: int = 0
@@ -99,6 +111,10 @@ class TrtLlmBackend:
     def __init__(self, config: TrtLlmConfig, module: ModuleType | None = None) -> None:
         self._config = config
         self._trt = module if module is not None else import_tensorrt_llm()
+        self._mapping = MappingContext(
+            vocab_size=config.vocab_size or checkpoint_vocab_size(config.checkpoint),
+            constrained_decoding=config.constrained_decoding,
+        )
         self._llm: Any = None
         self._requests: dict[str, _Request] = {}
         self._stats: Mapping[str, Any] = {}
@@ -121,6 +137,8 @@ class TrtLlmBackend:
             enable_block_reuse=cfg.enable_block_reuse,
             free_gpu_memory_fraction=cfg.gpu_memory_fraction,
         )
+        # BaseLlmArgs.guided_decoding_backend: Optional[Literal["xgrammar", "llguidance"]]
+        guided = {"guided_decoding_backend": "xgrammar"} if cfg.constrained_decoding else {}
         return self._trt.LLM(
             model=str(cfg.checkpoint),
             tensor_parallel_size=cfg.tensor_parallel_size,
@@ -131,6 +149,7 @@ class TrtLlmBackend:
             max_num_tokens=cfg.max_batched_tokens,
             max_seq_len=cfg.max_context,
             enable_iter_perf_stats=True,  # get_stats returns nothing without it
+            **guided,
         )
 
     async def stop(self) -> None:
@@ -164,7 +183,9 @@ class TrtLlmBackend:
             )  # fmt: skip
         except ValueError as exc:  # argument checks (e.g. prompt + max_tokens > max_seq_len)
             raise InvalidRequest(str(exc)) from exc
-        request = _Request(result, len(prompt_token_ids), sampling.max_tokens)
+        request = _Request(
+            result, len(prompt_token_ids), sampling.max_tokens, sampling.top_logprobs
+        )
         self._requests[request_id] = request
         finished = False
         try:
@@ -176,7 +197,7 @@ class TrtLlmBackend:
                     return
             # The stream ended without a finished output: only an abort does that.
             finished = True
-            yield self._final(request, (), "", None, _ended_reason(request))
+            yield self._final(request, (), "", StepLogprobs(), _ended_reason(request))
         finally:
             self._requests.pop(request_id, None)
             if not finished and not request.aborted:
@@ -189,20 +210,10 @@ class TrtLlmBackend:
             request.result.abort()
 
     def sampling_params(self, sampling: SamplingOptions) -> Any:
-        """`tensorrt_llm.SamplingParams` for `sampling` (end_id comes from the tokenizer)."""
-        return self._trt.SamplingParams(
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,  # 0.0 = greedy
-            top_p=sampling.top_p,
-            top_k=sampling.top_k or None,  # None = runtime default (disabled)
-            seed=sampling.seed,
-            stop=list(sampling.stop_strings) or None,
-            stop_token_ids=list(sampling.stop_token_ids) or None,
-            include_stop_str_in_output=False,
-            ignore_eos=sampling.ignore_eos,
-            logprobs=1 if sampling.logprobs else None,
-            detokenize=sampling.detokenize or bool(sampling.stop_strings),
-        )
+        """`tensorrt_llm.SamplingParams` for `sampling` (end_id comes from the tokenizer);
+        InvalidRequest (with its field) for what this deployment cannot serve."""
+        llmapi = importlib.import_module("tensorrt_llm.llmapi")
+        return build_sampling_params(self._trt, llmapi, sampling, self._mapping)
 
     def _event(self, request: _Request, output: Any) -> TokenEvent:
         completion = output.outputs[0]
@@ -212,13 +223,14 @@ class TrtLlmBackend:
             request.first_token = now
         request.completion_tokens += len(token_ids)
         self._tokens.add(len(token_ids))
-        logprobs = _logprobs(completion, token_ids)
+        logprobs = step_logprobs(completion, token_ids, request.top_logprobs)
         text = completion.text_diff or ""
         if not output.finished:
             return TokenEvent(
-                token_ids=token_ids, text_delta=text, logprobs=logprobs, finish_reason=None,
-                prompt_tokens=request.prompt_tokens, completion_tokens=request.completion_tokens,
-                cached_tokens=0, timings=None,
+                token_ids=token_ids, text_delta=text, logprobs=logprobs.chosen,
+                finish_reason=None, prompt_tokens=request.prompt_tokens,
+                completion_tokens=request.completion_tokens, cached_tokens=0, timings=None,
+                top_logprobs=logprobs.top,
             )  # fmt: skip
         reason = _FINISH_REASONS.get(str(completion.finish_reason)) or _inferred_reason(request)
         return self._final(request, token_ids, text, logprobs, reason)
@@ -228,7 +240,7 @@ class TrtLlmBackend:
         request: _Request,
         token_ids: tuple[int, ...],
         text: str,
-        logprobs: tuple[float, ...] | None,
+        logprobs: StepLogprobs,
         reason: FinishReason,
     ) -> TokenEvent:
         now = time.perf_counter()
@@ -240,9 +252,9 @@ class TrtLlmBackend:
             queue_ms=0.0, prefill_ms=ttft_ms, ttft_ms=ttft_ms, decode_ms=(now - first) * 1e3
         )
         return TokenEvent(
-            token_ids=token_ids, text_delta=text, logprobs=logprobs, finish_reason=reason,
+            token_ids=token_ids, text_delta=text, logprobs=logprobs.chosen, finish_reason=reason,
             prompt_tokens=request.prompt_tokens, completion_tokens=request.completion_tokens,
-            cached_tokens=0, timings=timings,
+            cached_tokens=0, timings=timings, top_logprobs=logprobs.top,
         )  # fmt: skip
 
     async def _poll_stats(self) -> None:
@@ -321,21 +333,6 @@ def _inferred_reason(request: _Request) -> FinishReason:
     if request.completion_tokens >= request.max_tokens:
         return FinishReason.LENGTH
     return FinishReason.STOP
-
-
-def _logprobs(completion: Any, token_ids: tuple[int, ...]) -> tuple[float, ...] | None:
-    diff = getattr(completion, "logprobs_diff", None)
-    if not diff:
-        return None
-    values: list[float] = []
-    for token_id, entry in zip(token_ids, diff, strict=False):
-        if isinstance(entry, Mapping):  # top-k form: {token_id: Logprob(logprob=...)}
-            chosen: Any = entry.get(token_id)
-            # vLLM semantics include the sampled token; NaN marks a version that did not.
-            values.append(math.nan if chosen is None else float(getattr(chosen, "logprob", chosen)))
-        else:
-            values.append(float(entry))
-    return tuple(values)
 
 
 def _latest_stats(entries: Sequence[Any]) -> Mapping[str, Any] | None:

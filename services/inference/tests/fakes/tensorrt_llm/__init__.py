@@ -1,14 +1,19 @@
 """Stand-in for the `tensorrt_llm` package (v1.x LLM API), for adapter tests on machines
-without an NVIDIA GPU.
+without an NVIDIA GPU. Load it as a package (its modules import each other).
 
 It mirrors the documented surface the adapter uses: `LLM(model, ..., **kwargs)` with kwargs
 checked against the argument model, `generate_async(inputs, sampling_params, streaming=True)`
 returning a result that `async for` yields *the same object, updated* with `token_ids_diff` /
 `text_diff` / `logprobs_diff` deltas, `abort()` / `aborted()`, `get_stats(timeout)` returning
-JSON strings of iteration stats, `get_kv_cache_capacity()`, `shutdown()`; `SamplingParams` as a
-kw-only slots dataclass; `llmapi.KvCacheConfig`. The "model" is a toy: next token =
-(7 * last + 3 * position) mod vocab, or seeded random when temperature > 0, decoded with the
-checkpoint's real tokenizer.json.
+JSON strings of iteration stats, `get_kv_cache_capacity()`, `shutdown()`; `SamplingParams` and
+`GuidedDecodingParams` with the real signatures (sampling_params.py); `llmapi.KvCacheConfig`.
+
+The "model" is a toy whose logits are TOY_PEAK for (7 * last + 3 * position) mod vocab and 0
+elsewhere, plus `embedding_bias`: greedy takes the first maximum, temperature > 0 a seeded
+uniform pick (ignoring the logits). With `logprobs=k` each token gets the real PyTorch-backend
+shape: {token_id: Logprob(logprob, rank)} for the top k (log-softmax of the toy logits), plus
+the sampled token when it is not among them. Text is decoded with the checkpoint's
+tokenizer.json. Guided decoding is recorded on the SamplingParams, not enforced.
 """
 
 from __future__ import annotations
@@ -19,94 +24,30 @@ import json
 import math
 import random
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 
+from .executor import CompletionOutput, Logprob
+from .sampling_params import GuidedDecodingParams, SamplingParams
+
+__all__ = ["LLM", "CompletionOutput", "GuidedDecodingParams", "Logprob", "SamplingParams"]
+
 TOKENS_PER_BLOCK = 32
 MAX_NUM_BLOCKS = 64
 STEP_DELAY_S = 0.002
+TOY_PEAK = 5.0
 
 # A subset of TorchLlmArgs.model_fields: unknown kwargs are rejected like the real LLM does.
 _LLM_KWARGS = frozenset(
     {
         "pipeline_parallel_size", "context_parallel_size", "kv_cache_config", "max_batch_size",
         "max_num_tokens", "max_seq_len", "enable_chunked_prefill", "enable_iter_perf_stats",
-        "enable_iter_req_stats", "return_perf_metrics", "backend",
+        "enable_iter_req_stats", "return_perf_metrics", "backend", "guided_decoding_backend",
     }
 )  # fmt: skip
-
-
-@dataclass(slots=True, kw_only=True)
-class SamplingParams:
-    end_id: int | None = None
-    pad_id: int | None = None
-    max_tokens: int = 32
-    min_tokens: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-    min_p: float | None = None
-    seed: int | None = None
-    n: int = 1
-    best_of: int | None = None
-    use_beam_search: bool = False
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    include_stop_str_in_output: bool = False
-    bad: str | list[str] | None = None
-    bad_token_ids: list[int] | None = None
-    ignore_eos: bool = False
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logprobs: int | None = None
-    prompt_logprobs: int | None = None
-    return_perf_metrics: bool = False
-    exclude_input_from_output: bool = True
-    detokenize: bool = True
-    add_special_tokens: bool = True
-    skip_special_tokens: bool = True
-    truncate_prompt_tokens: int | None = None
-    logits_processor: Any = None
-    guided_decoding: Any = None
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    cumulative_logprob: float | None = None
-    logprobs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    _last_text_len: int = 0
-    _last_token_ids_len: int = 0
-    _last_logprobs_len: int = 0
-
-    @property
-    def length(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def text_diff(self) -> str:
-        return self.text[self._last_text_len :]
-
-    @property
-    def token_ids_diff(self) -> list[int]:
-        return self.token_ids[self._last_token_ids_len :]
-
-    @property
-    def logprobs_diff(self) -> list[float]:
-        return self.logprobs[self._last_logprobs_len :]
-
-    def _mark_read(self) -> None:
-        self._last_text_len = len(self.text)
-        self._last_token_ids_len = len(self.token_ids)
-        self._last_logprobs_len = len(self.logprobs)
+_GUIDED_DECODING_BACKENDS = (None, "xgrammar", "llguidance")  # BaseLlmArgs' Literal
 
 
 class RequestOutput:
@@ -156,8 +97,8 @@ class RequestOutput:
 
     def _step(self) -> None:
         out, params = self.outputs[0], self._params
-        history = self.prompt_token_ids + out.token_ids
-        token = self._next_token(history)
+        logits = self._logits(self.prompt_token_ids + out.token_ids)
+        token = self._next_token(logits)
         if token == params.end_id and not params.ignore_eos:
             self._finish("stop")
             return
@@ -166,7 +107,7 @@ class RequestOutput:
             return
         out.token_ids.append(token)
         if params.logprobs:
-            out.logprobs.append(-0.5)
+            out.logprobs.append(_logprob_entry(logits, token, params.logprobs))
         if params.detokenize:
             out.text = self._llm._decode(out.token_ids)
             if self._stop_string(out):
@@ -174,11 +115,19 @@ class RequestOutput:
         if len(out.token_ids) >= params.max_tokens:
             self._finish("length")
 
-    def _next_token(self, history: list[int]) -> int:
+    def _logits(self, history: list[int]) -> list[float]:
         vocab = self._llm._vocab_size
+        logits = [0.0] * vocab
+        logits[(7 * history[-1] + 3 * len(history)) % vocab] = TOY_PEAK
+        bias = self._params.embedding_bias
+        if bias is not None:
+            logits = [x + b for x, b in zip(logits, bias.tolist(), strict=True)]
+        return logits
+
+    def _next_token(self, logits: list[float]) -> int:
         if self._params.temperature:
-            return self._rng.randrange(vocab)
-        return (7 * history[-1] + 3 * len(history)) % vocab
+            return self._rng.randrange(len(logits))
+        return max(range(len(logits)), key=logits.__getitem__)
 
     def _stop_string(self, out: CompletionOutput) -> bool:
         stops = self._params.stop
@@ -216,6 +165,10 @@ class LLM:
         unknown = set(kwargs) - _LLM_KWARGS
         if unknown:
             raise ValueError(f"got invalid argument: {sorted(unknown)}")
+        if kwargs.get("guided_decoding_backend") not in _GUIDED_DECODING_BACKENDS:
+            raise ValueError(
+                f"invalid guided_decoding_backend: {kwargs['guided_decoding_backend']}"
+            )
         directory = Path(model)
         config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
         self.args: dict[str, Any] = {
@@ -259,6 +212,9 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError("tokenizer is required to reset end_id if it is None")
             params.end_id = self._eos
+        bias = params.embedding_bias  # the stand-in adds it to its logits, so sizes must match
+        if bias is not None and bias.shape != (self._vocab_size,):
+            raise ValueError(f"embedding_bias shape {tuple(bias.shape)} != ({self._vocab_size},)")
         max_seq_len = self.args.get("max_seq_len")
         if max_seq_len is not None and len(prompt) + params.max_tokens > max_seq_len:
             raise ValueError(f"prompt + max_tokens should not exceed max_seq_len ({max_seq_len})")
@@ -315,3 +271,14 @@ class LLM:
             },
         }
         self._stats.append(json.dumps(stats))
+
+
+def _logprob_entry(logits: list[float], token: int, k: int) -> dict[int, Logprob]:
+    """The top k as {token_id: Logprob(logprob, rank)}, plus `token` (rank > k) if not in it."""
+    peak = max(logits)
+    norm = peak + math.log(sum(math.exp(x - peak) for x in logits))
+    order = sorted(range(len(logits)), key=lambda t: (-logits[t], t))
+    entry = {t: Logprob(logits[t] - norm, rank) for rank, t in enumerate(order[:k], start=1)}
+    if token not in entry:
+        entry[token] = Logprob(logits[token] - norm, max(k + 1, order.index(token) + 1))
+    return entry

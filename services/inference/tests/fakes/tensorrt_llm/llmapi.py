@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tensorrt_llm import LLM, SamplingParams
+from tensorrt_llm import LLM
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
 
-__all__ = ["LLM", "KvCacheConfig", "SamplingParams"]
+__all__ = ["LLM", "GuidedDecodingParams", "KvCacheConfig", "SamplingParams"]
 
 
 @dataclass(kw_only=True)
