@@ -20,6 +20,7 @@ models:
     context_length: 8192
     default_max_tokens: 512
     tier: large
+    tool_parser: llama3_json
     deployments:
       - {name: big-eu, region: eu, weight: 10, replicas: ["10.0.0.1:1"]}
       - {name: big-us, backend: tensorrt_llm, region: us, replicas: ["10.0.0.2:1", "10.0.0.3:1"]}
@@ -45,10 +46,12 @@ def test_parses_models_deployments_and_tiers(tmp_path: Path) -> None:
     assert [d.region for d in big.deployments] == ["eu", "us"]
     assert big.deployments[1].backend == "tensorrt_llm"
     assert big.deployments[1].replicas == ("10.0.0.2:1", "10.0.0.3:1")
+    assert big.tool_parser == "llama3_json"
     enc = catalog.resolve("enc")
     assert enc is not None
     assert enc.kind == "embedding"
     assert enc.checkpoint == tmp_path / "root" / "enc"  # relative to MODEL_ROOT
+    assert enc.tool_parser == "hermes"  # the default
     assert catalog.resolve("nope") is None
     assert catalog.names() == ["big", "enc"]
     assert (catalog.tier_rank("small"), catalog.tier_rank("large")) == (0, 1)
@@ -61,6 +64,7 @@ def test_the_repository_catalogue_loads(tmp_path: Path) -> None:
     assert demo is not None
     assert demo.kind == "generation"
     assert demo.default_max_tokens < demo.context_length
+    assert demo.tool_parser == "hermes"
     minilm = catalog.resolve("minilm")
     assert minilm is not None
     assert minilm.kind == "embedding"
@@ -86,6 +90,10 @@ def test_the_repository_catalogue_loads(tmp_path: Path) -> None:
         ("tiers: small\nmodels:\n  - {name: a, checkpoint: a}", "`tiers` must be a list"),
         ("tiers: [s, s]\nmodels:\n  - {name: a, checkpoint: a}", "lists a tier twice"),
         ("models: [unclosed", "cannot read"),
+        (
+            "models:\n  - {name: a, checkpoint: a, tool_parser: mistral}",
+            "model a: tool_parser 'mistral' must be one of ('hermes', 'llama3_json')",
+        ),
     ],
 )
 def test_rejects_bad_catalogues(tmp_path: Path, text: str, message: str) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from llm_common.config import ConfigError
+from llm_common.tools.parsers import DEFAULT_PARSER, PARSERS
 
 KINDS = ("generation", "embedding")
 
@@ -37,6 +38,7 @@ class ModelSpec:
     default_max_tokens: int = 256
     tier: str = "default"
     deployments: tuple[Deployment, ...] = field(default_factory=tuple)
+    tool_parser: str = DEFAULT_PARSER  # how its output writes tool calls (llm_common.tools)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ def _parse_model(entry: Any, model_root: Path) -> ModelSpec:
         default_max_tokens=_positive(entry, "default_max_tokens", 256, name),
         tier=str(entry.get("tier", "default")),
         deployments=tuple(_parse_deployment(d, name) for d in entry.get("deployments") or ()),
+        tool_parser=_tool_parser(entry, name),
     )
     if spec.kind == "generation" and spec.default_max_tokens >= spec.context_length:
         raise ConfigError(f"MODELS_CONFIG: model {name}: default_max_tokens >= context_length")
@@ -123,6 +126,15 @@ def _parse_deployment(entry: Any, model: str) -> Deployment:
         weight=int(entry.get("weight", 100)),
         replicas=tuple(str(r) for r in entry.get("replicas") or ()),
     )
+
+
+def _tool_parser(entry: Mapping[str, Any], model: str) -> str:
+    value = entry.get("tool_parser", DEFAULT_PARSER)
+    if value not in PARSERS:
+        raise ConfigError(
+            f"MODELS_CONFIG: model {model}: tool_parser {value!r} must be one of {PARSERS}"
+        )
+    return str(value)
 
 
 def _positive(entry: Mapping[str, Any], key: str, default: int, model: str) -> int:

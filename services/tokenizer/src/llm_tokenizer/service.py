@@ -69,9 +69,10 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
     ) -> pb.ApplyChatTemplateResponse:
         v = validation.start(request.model)
         messages = validation.check_messages(v, "messages", request.messages, self._limits)
+        tools = validation.check_tools(v, "tools", request.tools, self._limits)
         v.raise_if_any()
         model = self._model(request.model)
-        rendered = await render_chat(model, messages, request.add_generation_prompt)
+        rendered = await render_chat(model, messages, request.add_generation_prompt, tools)
         return pb.ApplyChatTemplateResponse(
             prompt=rendered.prompt,
             token_ids=rendered.token_ids,
@@ -84,6 +85,7 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
         v = validation.start(request.model)
         if not validation.check_one_of(v, len(request.texts), len(request.messages)):
             v.raise_if_any()
+        validation.check_tools_with_messages(v, len(request.tools), len(request.messages))
         if request.messages:
             return await self._count_messages(v, request)
         texts = list(request.texts)
@@ -119,9 +121,10 @@ class TokenizerServicer(pb_grpc.TokenizerServiceServicer):
         self, v: Violations, request: pb.CountTokensRequest
     ) -> pb.CountTokensResponse:
         messages = validation.check_messages(v, "messages", request.messages, self._limits)
+        tools = validation.check_tools(v, "tools", request.tools, self._limits)
         v.raise_if_any()
         # Counted as the prompt a generation request would send.
-        rendered = await render_chat(self._model(request.model), messages, True)
+        rendered = await render_chat(self._model(request.model), messages, True, tools)
         return pb.CountTokensResponse(total=len(rendered.token_ids))
 
     def _model(self, name: str) -> TokenizerModel:

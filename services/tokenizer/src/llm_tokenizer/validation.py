@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from llm_common.tokenization import messages
-from llm_common.tokenization.chat_template import ChatMessage
+from llm_common.tokenization import messages, tool_defs
+from llm_common.tokenization.chat_template import ChatMessage, ToolDefinition
 from llm_common.validation import Violations
 from llm_tokenizer.config import Limits
 from llmapi.common.v1 import common_pb2
@@ -80,9 +80,22 @@ def check_messages(
     )
 
 
+def check_tools(
+    v: Violations, field: str, tools: Sequence[common_pb2.Tool], limits: Limits
+) -> list[ToolDefinition]:
+    """llm_common.tokenization.tool_defs.check_tools: at most MAX_TOOLS tools whose
+    descriptions and schemas total at most max_text_bytes (a budget apart from the chat's)."""
+    return tool_defs.check_tools(v, field, tools, max_bytes=limits.max_text_bytes)
+
+
 def check_one_of(v: Violations, texts: int, messages: int) -> bool:
     """CountTokens takes texts or messages, never both or neither."""
     if texts and messages:
         v.add("messages", "must be empty when texts are set (set exactly one)")
         return False
     return v.require(bool(texts or messages), "texts", "set exactly one of texts or messages")
+
+
+def check_tools_with_messages(v: Violations, tools: int, messages: int) -> bool:
+    """Tools are rendered into a conversation; counting texts has no use for them."""
+    return v.require(not tools or bool(messages), "tools", "must be empty when texts are set")

@@ -183,6 +183,38 @@ async def test_default_template(stub: pb_grpc.TokenizerServiceAsyncStub) -> None
     assert reply.prompt == "<|im_start|>user\nHi<|im_end|>\n"
 
 
+async def test_default_template_with_tools(stub: pb_grpc.TokenizerServiceAsyncStub) -> None:
+    tools = [
+        common_pb2.Tool(
+            type="function",
+            function=common_pb2.FunctionDefinition(
+                name="now", description="The time", parameters_json='{"type": "object"}'
+            ),
+        )
+    ]
+    call = common_pb2.ToolCall(
+        id="call_1", function=common_pb2.FunctionCall(name="now", arguments="{}")
+    )
+    messages = [
+        *chat((U, "Time?")),
+        common_pb2.ChatMessage(role=A, tool_calls=[call]),
+        common_pb2.ChatMessage(role=T, content="12:00", tool_call_id="call_1"),
+    ]
+    reply = await stub.ApplyChatTemplate(
+        pb.ApplyChatTemplateRequest(
+            model="plain", messages=messages, tools=tools, add_generation_prompt=True
+        )
+    )
+    tool_json = '{"type": "function", "function": {"name": "now", "description": "The time", '
+    assert f'<tools>\n{tool_json}"parameters": {{"type": "object"}}}}}}\n</tools>' in reply.prompt
+    assert '<tool_call>\n{"name": "now", "arguments": {}}\n</tool_call>' in reply.prompt
+    assert "<tool_response>\n12:00\n</tool_response>" in reply.prompt
+    counted = await stub.CountTokens(
+        pb.CountTokensRequest(model="plain", messages=messages, tools=tools)
+    )
+    assert counted.total == len(reply.token_ids)
+
+
 async def test_count_tokens(
     stub: pb_grpc.TokenizerServiceAsyncStub, demo_tokenizer: Tokenizer
 ) -> None:
@@ -290,6 +322,29 @@ INVALID_ARGUMENT_CASES: list[tuple[str, Any, list[str]]] = [
         "CountTokens",
         pb.CountTokensRequest(model=DEMO, messages=chat((0, "b"))),
         ["messages[0].role"],
+    ),
+    (
+        "ApplyChatTemplate",
+        pb.ApplyChatTemplateRequest(
+            model=DEMO,
+            messages=chat((U, "a")),
+            tools=[
+                common_pb2.Tool(function=common_pb2.FunctionDefinition(name="bad name")),
+                common_pb2.Tool(
+                    function=common_pb2.FunctionDefinition(name="f", parameters_json="[")
+                ),
+            ],
+        ),
+        ["tools[0].function.name", "tools[1].function.parameters_json"],
+    ),
+    (
+        "CountTokens",
+        pb.CountTokensRequest(
+            model=DEMO,
+            texts=["a"],
+            tools=[common_pb2.Tool(function=common_pb2.FunctionDefinition(name="f"))],
+        ),
+        ["tools"],
     ),
     ("Info", pb.InfoRequest(), ["model"]),
 ]

@@ -68,3 +68,38 @@ async def test_count_messages_equals_template_with_generation_prompt(
     )
     assert rendered.prompt.endswith("[assistant]")
     assert counted.total == len(rendered.token_ids)
+
+
+TOOLS = [common_pb2.Tool(function=common_pb2.FunctionDefinition(name="now"))]
+USER = [common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content="Hi")]
+
+
+async def test_tools_reach_the_template(servicer: TokenizerServicer) -> None:
+    def request(model: str, tools: list[common_pb2.Tool]) -> pb.ApplyChatTemplateRequest:
+        return pb.ApplyChatTemplateRequest(
+            model=model, messages=USER, tools=tools, add_generation_prompt=True
+        )
+
+    plain = await servicer.ApplyChatTemplate(request("plain", TOOLS), CONTEXT)
+    assert '<tools>\n{"type": "function", "function": {"name": "now"' in plain.prompt
+    # `tiny`'s own template never reads `tools`: its prompt is the same either way.
+    tiny = await servicer.ApplyChatTemplate(request("tiny", TOOLS), CONTEXT)
+    assert tiny.prompt == (await servicer.ApplyChatTemplate(request("tiny", []), CONTEXT)).prompt
+    counted = await servicer.CountTokens(
+        pb.CountTokensRequest(model="plain", messages=USER, tools=TOOLS), CONTEXT
+    )
+    assert counted.total == len(plain.token_ids)
+
+
+async def test_bad_tool_data_is_invalid_argument(servicer: TokenizerServicer) -> None:
+    bad_call = common_pb2.ToolCall(function=common_pb2.FunctionCall(name="now", arguments="1"))
+    messages = [common_pb2.ChatMessage(role=common_pb2.ROLE_ASSISTANT, tool_calls=[bad_call])]
+    tools = [*TOOLS, *TOOLS]
+    with pytest.raises(InvalidArgument) as info:
+        await servicer.CountTokens(
+            pb.CountTokensRequest(model="plain", messages=messages, tools=tools), CONTEXT
+        )
+    assert [v.field for v in info.value.violations] == [
+        "messages[0].tool_calls[0].function.arguments",
+        "tools[1].function.name",
+    ]

@@ -76,6 +76,21 @@ def test_messages_under_the_service_limits() -> None:
     assert violations(v) == [("messages", "at most 2 messages")]
 
 
+def test_tools_under_the_service_limits() -> None:
+    # The checks themselves are llm_common.tokenization.tool_defs' (tested there).
+    described = common_pb2.FunctionDefinition(name="f", description="123456789")
+    v = Violations()
+    validation.check_tools(v, "tools", [common_pb2.Tool(function=described)], LIMITS)
+    assert violations(v) == [
+        ("tools", "descriptions and parameters_json must total at most 8 bytes of UTF-8")
+    ]
+    v = Violations()
+    assert not validation.check_tools_with_messages(v, tools=1, messages=0)
+    assert [f for f, _ in violations(v)] == ["tools"]
+    assert validation.check_tools_with_messages(Violations(), tools=1, messages=1)
+    assert validation.check_tools_with_messages(Violations(), tools=0, messages=0)
+
+
 @pytest.mark.parametrize(
     ("texts", "messages", "field"),
     [(0, 0, "texts"), (1, 1, "messages"), (1, 0, None), (0, 1, None)],

@@ -12,13 +12,15 @@ from collections.abc import Callable, Sequence
 from typing import ParamSpec, TypeVar
 
 from llm_common.errors import FieldViolation, InvalidArgument
-from llm_common.tokenization.chat_template import ChatMessage, ChatTemplateError
+from llm_common.tokenization.chat_template import ChatMessage, ChatTemplateError, ToolDefinition
 from llm_common.tokenization.registry import RenderedChat, TokenizerModel
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 INLINE_MAX_CHARS = 1024
+# Rough characters a tool definition or call adds to a prompt, only to size render work.
+TOOL_CHARS = 256
 
 
 async def run_sized(cost: int, func: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
@@ -29,13 +31,21 @@ async def run_sized(cost: int, func: Callable[P, R], *args: P.args, **kwargs: P.
 
 
 async def render_chat(
-    model: TokenizerModel, messages: Sequence[ChatMessage], add_generation_prompt: bool
+    model: TokenizerModel,
+    messages: Sequence[ChatMessage],
+    add_generation_prompt: bool,
+    tools: Sequence[ToolDefinition] = (),
 ) -> RenderedChat:
     """The templated, tokenized conversation; the template's refusals as InvalidArgument."""
-    cost = sum(len(m.content) for m in messages)
+    calls = sum(len(m.tool_calls) for m in messages)
+    cost = sum(len(m.content) for m in messages) + TOOL_CHARS * (len(tools) + calls)
     try:
         return await run_sized(
-            cost, model.apply_chat_template, messages, add_generation_prompt=add_generation_prompt
+            cost,
+            model.apply_chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
         )
     except ChatTemplateError as exc:
         # The template's own checks (unsupported role, roles must alternate) are client errors.

@@ -14,7 +14,7 @@ from tokenizers import Tokenizer
 
 from llm_common.config import ConfigError
 from llm_common.models_config import ModelCatalog, ModelSpec
-from llm_common.tokenization.chat_template import ChatMessage, ChatTemplate
+from llm_common.tokenization.chat_template import ChatMessage, ChatTemplate, ToolDefinition
 from llm_common.tokenization.fingerprint import fingerprint
 
 log = logging.getLogger(__name__)
@@ -104,11 +104,17 @@ class TokenizerModel:
         return self.tokenizer.decode_batch(sequences, skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool,
+        tools: Sequence[ToolDefinition] = (),
     ) -> RenderedChat:
         """Render and tokenize as HF apply_chat_template: special-token text in the prompt maps
         to its id, and no BOS is added on top of the one the template writes."""
-        prompt = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        prompt = self.chat_template.render(
+            messages, add_generation_prompt=add_generation_prompt, tools=tools
+        )
         ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
         return RenderedChat(prompt, ids, self.chat_template.is_default)
 
