@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("prompt", nargs="?", default="-", help="text, or - for stdin (default)")
         if name == "chat":
             p.add_argument("--system", help="a system message first")
-        generation.add_sampling_arguments(p)
+        generation.add_sampling_arguments(p, chat=name == "chat")
         p.set_defaults(run=_generation(name))
 
     models = sub.add_parser("models", help="models you may use")

@@ -11,6 +11,8 @@ import grpc
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
+from llmctl import structured
+from llmctl.answers import Answers, unary_answers, write_answers, write_logprobs, write_tail
 from llmctl.connection import Credentials, new_traceparent
 
 _FINISH = {
@@ -19,6 +21,7 @@ _FINISH = {
     common_pb2.FINISH_REASON_CANCELLED: "cancelled",
     common_pb2.FINISH_REASON_CONTENT_FILTER: "content_filter",
     common_pb2.FINISH_REASON_ERROR: "error",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
 
@@ -28,7 +31,7 @@ class Streams:
     info: TextIO  # usage, ids (stderr, so `llmctl chat ... > answer.txt` keeps only text)
 
 
-def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
+def add_sampling_arguments(parser: argparse.ArgumentParser, chat: bool = False) -> None:
     parser.add_argument("--model", default="demo", help="model name or alias (default: demo)")
     parser.add_argument("--max-tokens", type=int, help="completion tokens at most")
     parser.add_argument("--temperature", type=float, help="0 = greedy")
@@ -38,6 +41,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-stream", action="store_true", help="wait for the whole answer")
     parser.add_argument("--no-cache", action="store_true", help="bypass the response cache")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds (default 300)")
+    structured.add_arguments(parser, chat)
 
 
 def sampling(args: argparse.Namespace) -> common_pb2.SamplingParams:
@@ -46,6 +50,7 @@ def sampling(args: argparse.Namespace) -> common_pb2.SamplingParams:
         value = getattr(args, name)
         if value is not None:
             setattr(params, name, value)
+    structured.apply_sampling(args, params)
     return params
 
 
@@ -63,11 +68,14 @@ def _footer(
     return "[" + " | ".join(parts) + "]"
 
 
-def _stream(call: Any, streams: Streams, trace_id: str) -> int:
+def _stream(call: Any, streams: Streams, trace_id: str, live: bool) -> int:
+    """Prints text as it arrives when `live` (one answer), else whole answers at the end."""
     usage, finish, request_id, cache = common_pb2.Usage(), 0, "", ""
+    answers = Answers()
     try:
         for message in call:
-            if message.delta:
+            answers.add(message)
+            if live and message.delta:
                 streams.out.write(message.delta)
                 streams.out.flush()
             request_id = message.request_id or request_id
@@ -80,18 +88,36 @@ def _stream(call: Any, streams: Streams, trace_id: str) -> int:
         streams.out.write("\n")
         streams.info.write(f"[cancelled | request={request_id} | trace={trace_id}]\n")
         return 130
-    streams.out.write("\n")
+    _stream_end(answers, streams, live)
     streams.info.write(_footer(usage, finish, request_id, trace_id, cache) + "\n")
     return 0
 
 
-def _unary(reply: Any, text: str, streams: Streams, trace_id: str) -> int:
-    streams.out.write(text + "\n")
+def _stream_end(answers: Answers, streams: Streams, live: bool) -> None:
+    if not live:
+        write_answers(answers.ordered(), streams.out, streams.info)
+        return
+    ordered = answers.ordered()
+    if not ordered:  # an empty answer
+        streams.out.write("\n")
+        return
+    write_tail(ordered[0], streams.out, bool(ordered[0].text))
+    write_logprobs(ordered[0], streams.info)
+
+
+def _unary(reply: Any, streams: Streams, trace_id: str) -> int:
+    write_answers(unary_answers(reply), streams.out, streams.info)
     cache = pb.CacheHit.Name(reply.cache.hit) if reply.HasField("cache") else ""
     streams.info.write(
         _footer(reply.usage, reply.finish_reason, reply.request_id, trace_id, cache) + "\n"
     )
     return 0
+
+
+def _live(fields: dict[str, Any]) -> bool:
+    """One answer streams to the terminal as it comes; several are printed whole."""
+    n: int = fields["sampling"].n
+    return n <= 1
 
 
 def _common(args: argparse.Namespace) -> dict[str, Any]:
@@ -112,12 +138,12 @@ def chat(
     messages.append(common_pb2.ChatMessage(role=common_pb2.ROLE_USER, content=args.prompt))
     traceparent, trace_id = new_traceparent()
     metadata = (*creds.metadata(), ("traceparent", traceparent))
-    fields = _common(args) | {"messages": messages}
+    fields = _common(args) | {"messages": messages} | structured.tool_fields(args)
     if args.no_stream:
         reply = stub.Chat(pb.ChatRequest(**fields), metadata=metadata, timeout=args.timeout)
-        return _unary(reply, reply.message.content, streams, trace_id)
+        return _unary(reply, streams, trace_id)
     call = stub.ChatStream(pb.ChatStreamRequest(**fields), metadata=metadata, timeout=args.timeout)
-    return _stream(call, streams, trace_id)
+    return _stream(call, streams, trace_id, _live(fields))
 
 
 def complete(
@@ -129,8 +155,8 @@ def complete(
     fields = _common(args) | {"prompt": args.prompt}
     if args.no_stream:
         reply = stub.Complete(pb.CompleteRequest(**fields), metadata=metadata, timeout=args.timeout)
-        return _unary(reply, reply.text, streams, trace_id)
+        return _unary(reply, streams, trace_id)
     call = stub.CompleteStream(
         pb.CompleteStreamRequest(**fields), metadata=metadata, timeout=args.timeout
     )
-    return _stream(call, streams, trace_id)
+    return _stream(call, streams, trace_id, _live(fields))

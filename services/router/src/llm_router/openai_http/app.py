@@ -8,7 +8,7 @@ from typing import Any
 import grpc
 from opentelemetry import propagate, trace
 
-from llm_router.openai_http import responses, translate
+from llm_router.openai_http import chunks, responses, translate
 from llm_router.openai_http.errors import SERVER, OpenAIError, from_rpc_error
 from llm_router.openai_http.wire import HttpRequest, ResponseWriter
 from llmapi.llm.v1 import llm_service_pb2 as pb
@@ -83,7 +83,7 @@ class OpenAIApp:
             stream = self._stub.ChatStream(
                 pb.ChatStreamRequest(**call.fields), metadata=self._metadata(request)
             )
-            await _stream(stream, out, responses.ChunkMaker(chat=True), call.include_usage)
+            await _stream(stream, out, chunks.ChunkMaker(chat=True), call.include_usage)
             return
         reply = await self._unary(self._stub.Chat, pb.ChatRequest(**call.fields), request)
         await out.send_json(200, responses.chat_completion(reply))
@@ -94,7 +94,7 @@ class OpenAIApp:
             stream = self._stub.CompleteStream(
                 pb.CompleteStreamRequest(**call.fields), metadata=self._metadata(request)
             )
-            await _stream(stream, out, responses.ChunkMaker(chat=False), call.include_usage)
+            await _stream(stream, out, chunks.ChunkMaker(chat=False), call.include_usage)
             return
         reply = await self._unary(self._stub.Complete, pb.CompleteRequest(**call.fields), request)
         await out.send_json(200, responses.text_completion(reply))
@@ -125,7 +125,7 @@ class OpenAIApp:
 
 
 async def _stream(
-    call: Any, out: ResponseWriter, chunks: responses.ChunkMaker, include_usage: bool
+    call: Any, out: ResponseWriter, maker: chunks.ChunkMaker, include_usage: bool
 ) -> None:
     """Relay a server stream as SSE ending in [DONE]. Errors before the first message are
     HTTP errors; later ones an `error` event (an HTTP status can no longer change)."""
@@ -133,8 +133,8 @@ async def _stream(
         async for message in call:
             if not out.started:
                 await out.start(200, SSE_HEADERS)
-                await out.chunk(chunks.first(message))
-            await out.chunk(chunks.piece(message))
+                await out.chunk(maker.first(message))
+            await out.chunk(maker.piece(message))
     except grpc.RpcError as err:
         if not out.started:
             raise from_rpc_error(err) from None
@@ -147,6 +147,6 @@ async def _stream(
     if not out.started:  # a stream without any message: the router broke its contract
         raise OpenAIError(502, "the generation ended without an answer", SERVER)
     if include_usage:
-        await out.chunk(chunks.usage_chunk())
+        await out.chunk(maker.usage_chunk())
     await out.chunk(responses.DONE)
     await out.end()

@@ -40,6 +40,18 @@ _PARAMS = (
     ("sampling.stop", "stop"),
     ("sampling.seed", "seed"),
     ("sampling.logprobs", "logprobs"),
+    ("sampling.top_logprobs", "top_logprobs"),
+    ("sampling.n", "n"),
+    ("sampling.presence_penalty", "presence_penalty"),
+    ("sampling.frequency_penalty", "frequency_penalty"),
+    ("sampling.repetition_penalty", "repetition_penalty"),
+    ("sampling.logit_bias", "logit_bias"),
+    ("sampling.min_tokens", "min_tokens"),
+    ("sampling.min_p", "min_p"),
+    ("sampling.stop_token_ids", "stop_token_ids"),
+    ("sampling.format", "response_format"),
+    ("tool_choice.function_name", "tool_choice"),
+    ("tool_choice.mode", "tool_choice"),
     ("inputs", "input"),
 )
 
@@ -80,7 +92,9 @@ def invalid(message: str, param: str | None = None, code: str | None = None) -> 
 
 
 def openai_param(field_path: str) -> str:
-    """`sampling.max_tokens` -> `max_tokens`; other paths (messages[0].content) as they are."""
+    """`sampling.max_tokens` -> `max_tokens`; other paths (messages[0].content) as they are,
+    but for a function's `parameters_json`, sent as `parameters`."""
+    field_path = field_path.replace(".function.parameters_json", ".function.parameters")
     for proto, param in _PARAMS:
         if (
             field_path == proto

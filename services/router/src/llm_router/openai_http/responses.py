@@ -1,4 +1,4 @@
-"""LLMService answers -> OpenAI response objects and server-sent-event chunks."""
+"""LLMService answers -> OpenAI response objects (streaming chunks: chunks.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ _FINISH: dict[int, str] = {
     common_pb2.FINISH_REASON_LENGTH: "length",
     common_pb2.FINISH_REASON_CONTENT_FILTER: "content_filter",
     common_pb2.FINISH_REASON_CANCELLED: "stop",
+    common_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 DONE = b"data: [DONE]\n\n"
 OWNER = "llm-platform"
@@ -45,30 +46,82 @@ def created(message: Any) -> int:
     return int(time.time())
 
 
-def _chat_logprobs(logprobs: Sequence[common_pb2.TokenLogprob]) -> JSON | None:
+def token_bytes(lp: common_pb2.TokenLogprob | common_pb2.TopLogprob) -> list[int]:
+    """The raw bytes (UTF-8 of the text when a server left them out)."""
+    return list(lp.bytes) if lp.bytes else list(lp.token.encode("utf-8"))
+
+
+def chat_logprobs(logprobs: Sequence[common_pb2.TokenLogprob]) -> JSON | None:
+    """{"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}."""
     if not logprobs:
         return None
     content = [
         {
             "token": lp.token,
             "logprob": lp.logprob,
-            "bytes": list(lp.token.encode("utf-8")),
-            "top_logprobs": [],
+            "bytes": token_bytes(lp),
+            "top_logprobs": [
+                {"token": top.token, "logprob": top.logprob, "bytes": token_bytes(top)}
+                for top in lp.top_logprobs
+            ],
         }
         for lp in logprobs
     ]
-    return {"content": content}
+    return {"content": content, "refusal": None}
 
 
-def _text_logprobs(logprobs: Sequence[common_pb2.TokenLogprob]) -> JSON | None:
+def text_logprobs(logprobs: Sequence[common_pb2.TokenLogprob], start: int = 0) -> JSON | None:
+    """The legacy shape: parallel lists; `start` is the text offset of the first token."""
     if not logprobs:
         return None
+    offsets = []
+    for lp in logprobs:
+        offsets.append(start)
+        start += len(lp.token)
+    tops = [{top.token: top.logprob for top in lp.top_logprobs} for lp in logprobs]
     return {
         "tokens": [lp.token for lp in logprobs],
         "token_logprobs": [lp.logprob for lp in logprobs],
-        "top_logprobs": None,
-        "text_offset": None,
+        "top_logprobs": tops if any(tops) else None,
+        "text_offset": offsets,
     }
+
+
+def tool_call(call: common_pb2.ToolCall) -> JSON:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": call.function.arguments},
+    }
+
+
+def chat_message(message: common_pb2.ChatMessage) -> JSON:
+    """The assistant's message; content is null when it only calls tools, as at OpenAI."""
+    calls = [tool_call(c) for c in message.tool_calls]
+    content = message.content if message.content or not calls else None
+    body: JSON = {"role": "assistant", "content": content, "refusal": None}
+    if calls:
+        body["tool_calls"] = calls
+    return body
+
+
+def _chat_choices(reply: pb.ChatResponse) -> list[pb.ChatChoice]:
+    """Every completion (n > 1), or the one in the top-level fields."""
+    if reply.choices:
+        return sorted(reply.choices, key=lambda c: c.index)
+    only = pb.ChatChoice(index=0, finish_reason=reply.finish_reason, logprobs=reply.logprobs)
+    only.message.CopyFrom(reply.message)
+    return [only]
+
+
+def _text_choices(reply: pb.CompleteResponse) -> list[pb.CompletionChoice]:
+    if reply.choices:
+        return sorted(reply.choices, key=lambda c: c.index)
+    return [
+        pb.CompletionChoice(
+            index=0, text=reply.text, finish_reason=reply.finish_reason, logprobs=reply.logprobs
+        )
+    ]
 
 
 def chat_completion(reply: pb.ChatResponse) -> JSON:
@@ -80,11 +133,12 @@ def chat_completion(reply: pb.ChatResponse) -> JSON:
         "system_fingerprint": None,
         "choices": [
             {
-                "index": 0,
-                "message": {"role": "assistant", "content": reply.message.content, "refusal": None},
-                "logprobs": _chat_logprobs(reply.logprobs),
-                "finish_reason": finish_reason(reply.finish_reason),
+                "index": choice.index,
+                "message": chat_message(choice.message),
+                "logprobs": chat_logprobs(choice.logprobs),
+                "finish_reason": finish_reason(choice.finish_reason),
             }
+            for choice in _chat_choices(reply)
         ],
         "usage": usage(reply.usage),
     }
@@ -99,11 +153,12 @@ def text_completion(reply: pb.CompleteResponse) -> JSON:
         "system_fingerprint": None,
         "choices": [
             {
-                "index": 0,
-                "text": reply.text,
-                "logprobs": _text_logprobs(reply.logprobs),
-                "finish_reason": finish_reason(reply.finish_reason),
+                "index": choice.index,
+                "text": choice.text,
+                "logprobs": text_logprobs(choice.logprobs),
+                "finish_reason": finish_reason(choice.finish_reason),
             }
+            for choice in _text_choices(reply)
         ],
         "usage": usage(reply.usage),
     }
@@ -116,69 +171,6 @@ def sse(payload: JSON) -> bytes:
         + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
         + b"\n\n"
     )
-
-
-class ChunkMaker:
-    """Streaming chunks of one answer, with the id, model and time fixed by its first message."""
-
-    def __init__(self, chat: bool) -> None:
-        self.chat = chat
-        self.id = ""
-        self.model = ""
-        self.created = int(time.time())
-        self.usage: JSON | None = None
-
-    def _base(self) -> JSON:
-        prefix, kind = (
-            ("chatcmpl", "chat.completion.chunk") if self.chat else ("cmpl", "text_completion")
-        )
-        return {
-            "id": f"{prefix}-{self.id}",
-            "object": kind,
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-        }
-
-    def first(self, message: pb.ChatStreamResponse | pb.CompleteStreamResponse) -> bytes:
-        """Chat streams open with the assistant role, as OpenAI's do."""
-        self.id, self.model = message.request_id, message.model
-        if not self.chat:
-            return b""
-        choice = {
-            "index": 0,
-            "delta": {"role": "assistant", "content": ""},
-            "logprobs": None,
-            "finish_reason": None,
-        }
-        return sse(self._base() | {"choices": [choice]})
-
-    def piece(self, message: pb.ChatStreamResponse | pb.CompleteStreamResponse) -> bytes:
-        """The chunk for one LLMService message (empty when it carries nothing to say)."""
-        reason = finish_reason(message.finish_reason)
-        if message.HasField("usage"):
-            self.usage = usage(message.usage)
-        if not message.delta and reason is None and not message.logprobs:
-            return b""
-        if self.chat:
-            choice: JSON = {
-                "index": 0,
-                "delta": {"content": message.delta} if message.delta else {},
-                "logprobs": _chat_logprobs(message.logprobs),
-                "finish_reason": reason,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": message.delta,
-                "logprobs": _text_logprobs(message.logprobs),
-                "finish_reason": reason,
-            }
-        return sse(self._base() | {"choices": [choice]})
-
-    def usage_chunk(self) -> bytes:
-        """stream_options.include_usage: a last chunk with no choices and the usage."""
-        return sse(self._base() | {"choices": [], "usage": self.usage})
 
 
 def embeddings(reply: pb.EmbedResponse, as_base64: bool) -> JSON:

@@ -3,30 +3,32 @@
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from llm_router.openai_http.errors import invalid
-from llmapi.common.v1 import common_pb2
+from llm_router.openai_http.translate_sampling import (
+    MAX_N,
+    chat_logprobs,
+    completion_logprobs,
+    sampling,
+)
+from llm_router.openai_http.translate_tools import messages, tool_fields
+from llm_router.openai_http.values import Payload, flag, integer, number, text
 from llmapi.llm.v1 import llm_service_pb2 as pb
 
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-_ROLES = {
-    "system": common_pb2.ROLE_SYSTEM,
-    "developer": common_pb2.ROLE_SYSTEM,
-    "user": common_pb2.ROLE_USER,
-    "assistant": common_pb2.ROLE_ASSISTANT,
-    "tool": common_pb2.ROLE_TOOL,
-}
 # Parameters the platform cannot honour: sending them with a non-default value is a 400
 # rather than a silently different answer.
-_UNSUPPORTED_IF_SET = ("tools", "functions", "tool_choice", "function_call", "logit_bias", "audio")
-_PENALTIES = ("presence_penalty", "frequency_penalty")
-
-Payload = Mapping[str, Any]
+_UNSUPPORTED_IF_SET = ("audio",)
+# Chat-only features sent to /v1/completions.
+_UNSUPPORTED_IN_COMPLETIONS = (
+    "echo",
+    "suffix",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,89 +80,10 @@ def _model(payload: Payload) -> str:
     return model
 
 
-def _optional(payload: Payload, name: str, kind: type | tuple[type, ...], what: str) -> Any:
-    value = payload.get(name)
-    if value is None:
-        return None
-    # bool is an int in Python but never a number in JSON Schema.
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        raise invalid(f"{name} must be {what}", name)
-    if not isinstance(value, kind):
-        raise invalid(f"{name} must be {what}", name)
-    return value
-
-
-def _number(payload: Payload, name: str, low: float, high: float) -> float | None:
-    value = _optional(payload, name, (int, float), "a number")
-    if value is None:
-        return None
-    if not math.isfinite(value) or not low <= value <= high:
-        raise invalid(f"{name} must be between {low:g} and {high:g}", name)
-    return float(value)
-
-
-def _integer(payload: Payload, name: str, low: int, high: int) -> int | None:
-    value = _optional(payload, name, int, "an integer")
-    if value is None:
-        return None
-    if not low <= value <= high:
-        raise invalid(f"{name} must be between {low} and {high}", name)
-    return int(value)
-
-
-def _flag(payload: Payload, name: str) -> bool:
-    return bool(_optional(payload, name, bool, "a boolean"))
-
-
-def _reject_unsupported(payload: Payload) -> None:
-    for name in _UNSUPPORTED_IF_SET:
+def _reject_unsupported(payload: Payload, names: tuple[str, ...]) -> None:
+    for name in names:
         if payload.get(name):
             raise invalid(f"{name} is not supported by this server", name, "unsupported_parameter")
-    for name in _PENALTIES:
-        if _number(payload, name, -2.0, 2.0):
-            raise invalid(f"{name} is not supported by this server", name, "unsupported_parameter")
-    n = _integer(payload, "n", 1, 128)
-    if n is not None and n != 1:
-        raise invalid("only n=1 is supported", "n", "unsupported_parameter")
-    if _integer(payload, "top_logprobs", 0, 20):
-        raise invalid("top_logprobs is not supported", "top_logprobs", "unsupported_parameter")
-    response_format = payload.get("response_format")
-    if response_format is not None and response_format != {"type": "text"}:
-        raise invalid("only the text response_format is supported", "response_format")
-
-
-def _stop(payload: Payload) -> list[str]:
-    stop = payload.get("stop")
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop]
-    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-        return list(stop)
-    raise invalid("stop must be a string or a list of strings", "stop")
-
-
-def _sampling(payload: Payload, max_tokens_names: tuple[str, ...]) -> common_pb2.SamplingParams:
-    sampling = common_pb2.SamplingParams(stop=_stop(payload))
-    temperature = _number(payload, "temperature", 0.0, 2.0)
-    if temperature is not None:
-        sampling.temperature = temperature
-    top_p = _number(payload, "top_p", 0.0, 1.0)
-    if top_p is not None:
-        sampling.top_p = top_p
-    top_k = _integer(payload, "top_k", 0, INT32_MAX)  # vLLM's extension
-    if top_k is not None:
-        sampling.top_k = top_k
-    for name in max_tokens_names:
-        max_tokens = _integer(payload, name, 1, INT32_MAX)
-        if max_tokens is not None:
-            sampling.max_tokens = max_tokens
-            break
-    seed = _integer(payload, "seed", -INT64_MAX - 1, INT64_MAX)
-    if seed is not None:
-        sampling.seed = seed
-    sampling.ignore_eos = _flag(payload, "ignore_eos")  # vLLM's extension
-    return sampling
 
 
 def _cache_policy(payload: Payload) -> pb.CachePolicy:
@@ -171,18 +94,18 @@ def _cache_policy(payload: Payload) -> pb.CachePolicy:
     if not isinstance(raw, dict):
         raise invalid("cache must be an object", "cache")
     policy = pb.CachePolicy(
-        bypass=_flag(raw, "bypass"),
-        semantic=_flag(raw, "semantic"),
-        store_nondeterministic=_flag(raw, "store_nondeterministic"),
+        bypass=flag(raw, "bypass"),
+        semantic=flag(raw, "semantic"),
+        store_nondeterministic=flag(raw, "store_nondeterministic"),
     )
-    threshold = _number(raw, "similarity_threshold", 0.0, 1.0)
+    threshold = number(raw, "similarity_threshold", 0.0, 1.0)
     if threshold is not None:
         policy.similarity_threshold = threshold
     return policy
 
 
 def _common(payload: Payload) -> dict[str, Any]:
-    user = _optional(payload, "user", str, "a string") or ""
+    user = text(payload, "user")
     metadata = payload.get("metadata") or {}
     if not isinstance(metadata, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()
@@ -204,50 +127,20 @@ def _stream_options(payload: Payload, stream: bool) -> bool:
         raise invalid("stream_options requires stream: true", "stream_options")
     if not isinstance(options, dict):
         raise invalid("stream_options must be an object", "stream_options")
-    return _flag(options, "include_usage")
-
-
-def _content(message: Payload, index: int) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise invalid("only text content parts are supported", f"messages[{index}].content")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise invalid("each message needs text content", f"messages[{index}].content")
-
-
-def _messages(payload: Payload) -> list[common_pb2.ChatMessage]:
-    messages = payload.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise invalid("messages must be a non-empty list", "messages")
-    converted = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise invalid("each message must be an object", f"messages[{i}]")
-        role = _ROLES.get(message.get("role"))  # type: ignore[arg-type]
-        if role is None:
-            raise invalid(f"unsupported role {message.get('role')!r}", f"messages[{i}].role")
-        name = _optional(message, "name", str, "a string") or ""
-        converted.append(common_pb2.ChatMessage(role=role, content=_content(message, i), name=name))
-    return converted
+    return flag(options, "include_usage")
 
 
 def chat_call(payload: Payload) -> GenerationCall:
     """POST /v1/chat/completions."""
-    _reject_unsupported(payload)
-    stream = _flag(payload, "stream")
-    sampling = _sampling(payload, ("max_completion_tokens", "max_tokens"))
-    sampling.logprobs = _flag(payload, "logprobs")
-    fields = _common(payload) | {"messages": _messages(payload), "sampling": sampling}
+    _reject_unsupported(payload, _UNSUPPORTED_IF_SET)
+    stream = flag(payload, "stream")
+    params = sampling(payload, ("max_completion_tokens", "max_tokens"))
+    chat_logprobs(payload, params)
+    fields = (
+        _common(payload)
+        | {"messages": messages(payload), "sampling": params}
+        | tool_fields(payload)
+    )
     return GenerationCall(fields, stream, _stream_options(payload, stream))
 
 
@@ -283,19 +176,24 @@ def _is_token_id(value: object) -> bool:
 
 def completion_call(payload: Payload) -> GenerationCall:
     """POST /v1/completions (legacy text completion)."""
-    _reject_unsupported(payload)
-    for name in ("echo", "suffix"):
-        if payload.get(name):
-            raise invalid(f"{name} is not supported by this server", name, "unsupported_parameter")
-    best_of = _integer(payload, "best_of", 1, 20)
-    if best_of is not None and best_of != 1:
-        raise invalid("only best_of=1 is supported", "best_of", "unsupported_parameter")
-    stream = _flag(payload, "stream")
-    sampling = _sampling(payload, ("max_tokens",))
-    # Legacy `logprobs` is a count of alternatives; any value asks for the chosen tokens'.
-    sampling.logprobs = _integer(payload, "logprobs", 0, 5) is not None
-    fields = _common(payload) | {"prompt": _prompt(payload), "sampling": sampling}
+    _reject_unsupported(payload, (*_UNSUPPORTED_IF_SET, *_UNSUPPORTED_IN_COMPLETIONS))
+    stream = flag(payload, "stream")
+    params = sampling(payload, ("max_tokens",))
+    _check_best_of(payload, params.n or 1)
+    completion_logprobs(payload, params)
+    fields = _common(payload) | {"prompt": _prompt(payload), "sampling": params}
     return GenerationCall(fields, stream, _stream_options(payload, stream))
+
+
+def _check_best_of(payload: Payload, n: int) -> None:
+    """best_of > n would rank candidates the platform does not score: only best_of == n."""
+    best_of = integer(payload, "best_of", 1, MAX_N)
+    if best_of is not None and best_of != n:
+        raise invalid(
+            "best_of must equal n (ranking extra candidates is not supported)",
+            "best_of",
+            "unsupported_parameter",
+        )
 
 
 def embed_call(payload: Payload) -> EmbedCall:
@@ -313,6 +211,6 @@ def embed_call(payload: Payload) -> EmbedCall:
         raise invalid("encoding_format must be float or base64", "encoding_format")
     if payload.get("dimensions") is not None:
         raise invalid("dimensions is not supported", "dimensions", "unsupported_parameter")
-    user = _optional(payload, "user", str, "a string") or ""
+    user = text(payload, "user")
     request = pb.EmbedRequest(model=_model(payload), inputs=inputs, user=user)
     return EmbedCall(request, encoding == "base64")

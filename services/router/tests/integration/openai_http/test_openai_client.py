@@ -141,7 +141,7 @@ async def test_errors_arrive_as_the_client_s_exceptions(listener: Listener) -> N
         await api.embeddings.create(model="down", input="x")
     assert down.value.status_code == 503
     with pytest.raises(openai.BadRequestError) as local:
-        await api.chat.completions.create(model="demo", messages=messages, n=3)  # type: ignore[arg-type]
+        await api.chat.completions.create(model="demo", messages=messages, n=17)  # type: ignore[arg-type]
     assert local.value.param == "n"
 
 

@@ -18,7 +18,7 @@ from llm_common.errors import (
     ServiceError,
     Unavailable,
 )
-from llm_router.openai_http import responses
+from llm_router.openai_http import chunks, responses
 from llm_router.openai_http.errors import from_rpc_error, openai_param
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
@@ -76,7 +76,7 @@ def test_text_completion_carries_logprobs_in_the_legacy_shape() -> None:
 
 
 def test_chat_chunks_open_with_the_role_and_end_with_finish_and_usage() -> None:
-    maker = responses.ChunkMaker(chat=True)
+    maker = chunks.ChunkMaker(chat=True)
     first = pb.ChatStreamResponse(request_id="r3", model="m", delta="Hel")
     (opening,) = events(maker.first(first))
     assert opening["choices"] == [
@@ -106,7 +106,7 @@ def test_chat_chunks_open_with_the_role_and_end_with_finish_and_usage() -> None:
 
 
 def test_empty_stream_messages_produce_no_chunk() -> None:
-    maker = responses.ChunkMaker(chat=False)
+    maker = chunks.ChunkMaker(chat=False)
     message = pb.CompleteStreamResponse(request_id="r", model="m")
     assert maker.first(message) == b""  # completions have no role chunk
     assert maker.piece(message) == b""

@@ -95,12 +95,12 @@ def test_stream_options_include_usage() -> None:
         ({"max_tokens": 2**31}, "max_tokens"),
         ({"seed": 2**63}, "seed"),
         ({"stop": [1, 2]}, "stop"),
-        ({"n": 2}, "n"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"n": 17}, "n"),
+        ({"tools": [{"type": "function"}]}, "tools[0].function"),
+        ({"presence_penalty": 2.5}, "presence_penalty"),
+        ({"logit_bias": {"a": 5}}, "logit_bias"),
         ({"top_logprobs": 3}, "top_logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"metadata": {"k": 1}}, "metadata"),
         ({"cache": "yes"}, "cache"),
@@ -115,9 +115,9 @@ def test_chat_rejects_with_the_offending_parameter(fields: dict[str, Any], param
     assert err.value.body()["error"]["type"] == "invalid_request_error"
 
 
-def test_defaults_of_unsupported_parameters_are_accepted() -> None:
+def test_default_values_are_accepted() -> None:
     translate.chat_call(
-        chat(n=1, presence_penalty=0, frequency_penalty=0.0, tools=[], top_logprobs=0)
+        chat(n=1, presence_penalty=0, frequency_penalty=0.0, tools=[], logprobs=False)
     )
 
 
@@ -160,6 +160,7 @@ def test_completion_takes_one_prompt() -> None:
         ({"prompt": "x", "echo": True}, "echo"),
         ({"prompt": "x", "suffix": "y"}, "suffix"),
         ({"prompt": "x", "best_of": 3}, "best_of"),
+        ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),
     ],
 )
 def test_completion_rejects(fields: dict[str, Any], param: str) -> None:
