@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 from google.protobuf import timestamp_pb2
 
@@ -13,12 +12,11 @@ from llm_inference.engine.api import (
     LoadSnapshot,
     RequestTimings,
     TokenEvent,
+    TopToken,
 )
+from llm_inference.token_bytes import TokenBytes
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as pb
-
-# Renders one token id as text for logprobs (may hold U+FFFD for a partial UTF-8 sequence).
-TokenText = Callable[[int], str]
 
 FINISH_REASONS = {
     FinishReason.STOP: common_pb2.FINISH_REASON_STOP,
@@ -29,22 +27,44 @@ FINISH_REASONS = {
 
 
 def generate_response(
-    event: TokenEvent, *, detokenize: bool, token_text: TokenText | None = None
+    event: TokenEvent, *, detokenize: bool, tokens: TokenBytes | None = None
 ) -> pb.GenerateResponse:
-    """One stream message; the last (finish_reason set) also carries usage and timings."""
+    """One stream message; the last (finish_reason set) also carries usage and timings.
+
+    `tokens` gives logprobs their token text and raw bytes (left empty without it).
+    """
     response = pb.GenerateResponse(token_ids=event.token_ids)
     if detokenize:
         response.text_delta = event.text_delta
     if event.logprobs is not None:
-        for token_id, logprob in zip(event.token_ids, event.logprobs, strict=False):
-            text = token_text(token_id) if token_text is not None else ""
-            response.logprobs.add(token_id=token_id, token=text, logprob=logprob)
+        _add_logprobs(response, event, tokens)
     if event.finish_reason is not None:
         response.finish_reason = FINISH_REASONS[event.finish_reason]
         response.usage.CopyFrom(usage(event))
         if event.timings is not None:
             response.timings.CopyFrom(timings(event.timings))
     return response
+
+
+def _add_logprobs(
+    response: pb.GenerateResponse, event: TokenEvent, tokens: TokenBytes | None
+) -> None:
+    alternatives: tuple[tuple[TopToken, ...], ...] = event.top_logprobs or ()
+    logprobs = event.logprobs or ()
+    for i, (token_id, logprob) in enumerate(zip(event.token_ids, logprobs, strict=False)):
+        entry = response.logprobs.add(token_id=token_id, logprob=logprob)
+        _spell(entry, token_id, tokens)
+        for alternative in alternatives[i] if i < len(alternatives) else ():
+            top = entry.top_logprobs.add(token_id=alternative.token_id, logprob=alternative.logprob)
+            _spell(top, alternative.token_id, tokens)
+
+
+def _spell(
+    entry: common_pb2.TokenLogprob | common_pb2.TopLogprob, token_id: int, tokens: TokenBytes | None
+) -> None:
+    if tokens is not None:
+        entry.token = tokens.text(token_id)
+        entry.bytes = tokens.of(token_id)
 
 
 def usage(event: TokenEvent) -> common_pb2.Usage:

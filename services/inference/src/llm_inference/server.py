@@ -26,6 +26,7 @@ from llm_inference.embedding.encoder import SentenceEncoder
 from llm_inference.embedding.runtime import EmbeddingRuntime
 from llm_inference.metrics import InferenceMetrics
 from llm_inference.service import Generation, InferenceServicer
+from llm_inference.token_bytes import TokenBytes, token_bytes_table
 from llmapi.inference.v1 import inference_service_pb2 as pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as pb_grpc
 
@@ -65,7 +66,7 @@ async def _load_generation(
         build_backend, settings.engine, deployment.checkpoint, deployment.name, max_context
     )
     facts = model_facts(deployment, backend.info().max_context)
-    generation = Generation(backend, facts, _token_text(deployment.checkpoint))
+    generation = Generation(backend, facts, _token_bytes(deployment.checkpoint))
     servicer = _servicer(settings, deployment, generation, metrics)
 
     async def on_start() -> None:
@@ -131,12 +132,11 @@ def build_spec(
     )
 
 
-def _token_text(checkpoint: Path) -> Callable[[int], str] | None:
+def _token_bytes(checkpoint: Path) -> TokenBytes | None:
     path = checkpoint / "tokenizer.json"
     if not path.is_file():
         return None
-    tokenizer = Tokenizer.from_file(str(path))
-    return lambda token_id: tokenizer.decode([token_id], skip_special_tokens=False)
+    return token_bytes_table(Tokenizer.from_file(str(path)))
 
 
 async def serve(

@@ -34,6 +34,7 @@ from llm_inference.engine.api import (
 )
 from llm_inference.metrics import InferenceMetrics
 from llm_inference.phases import record_phases
+from llm_inference.token_bytes import TokenBytes
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as pb_grpc
@@ -49,7 +50,7 @@ class Generation:
 
     backend: GenerationBackend
     facts: ModelFacts
-    token_text: convert.TokenText | None = None  # for logprobs' token strings
+    token_bytes: TokenBytes | None = None  # logprobs' token text and raw bytes
 
 
 class InferenceServicer(pb_grpc.InferenceServiceServicer):
@@ -95,7 +96,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             async for event in messages:
                 last = event
                 yield convert.generate_response(
-                    event, detokenize=given.detokenize, token_text=generation.token_text
+                    event, detokenize=given.detokenize, tokens=generation.token_bytes
                 )
                 if event.finish_reason is not None:
                     self._finished(given.request_id, event)
@@ -214,7 +215,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
 
 def _service_error(request_id: str, exc: EngineError) -> InvalidArgument | Unavailable:
     if isinstance(exc, InvalidRequest):
-        return InvalidArgument([FieldViolation("prompt_token_ids", str(exc))])
+        return InvalidArgument([FieldViolation(exc.field or "prompt_token_ids", str(exc))])
     _log.warning("engine error", request_id=request_id, error=str(exc))
     return Unavailable("the engine failed this request", ENGINE_RETRY_AFTER_S)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from llm_common.validation import Violations, check_range, check_repeated, check_text
@@ -11,6 +11,12 @@ from llm_inference.config import Limits
 from llm_inference.delivery import MAX_HOLD_MS, MAX_TOKENS_PER_MESSAGE, Delivery
 from llm_inference.deployment import ModelFacts
 from llm_inference.engine.api import SamplingOptions
+from llm_inference.engine.validation import (
+    MAX_LOGIT_BIAS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_PENALTY,
+    MAX_TOP_LOGPROBS,
+)
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as pb
 
@@ -42,6 +48,7 @@ def generate_input(request: pb.GenerateRequest, facts: ModelFacts, limits: Limit
     sampling = request.sampling
     _check_sampling(v, sampling, facts, limits)
     max_tokens = _check_max_tokens(v, sampling, len(prompt), facts)
+    _check_min_tokens(v, sampling.min_tokens, max_tokens)
     delivery = _delivery(v, request.delivery)
     v.raise_if_any()
     return GenerateInput(
@@ -87,8 +94,17 @@ def sampling_options(
         stop_token_ids=tuple(sampling.stop_token_ids),
         stop_strings=tuple(sampling.stop),
         ignore_eos=sampling.ignore_eos,
-        logprobs=sampling.logprobs,
+        logprobs=sampling.logprobs or sampling.top_logprobs > 0,
         detokenize=detokenize,
+        top_logprobs=sampling.top_logprobs,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=(
+            sampling.repetition_penalty if sampling.HasField("repetition_penalty") else 1.0
+        ),
+        logit_bias=tuple(sorted(sampling.logit_bias.items())),
+        min_tokens=sampling.min_tokens,
+        min_p=sampling.min_p,
     )
 
 
@@ -139,6 +155,45 @@ def _check_sampling(
         v, "sampling.stop_token_ids", sampling.stop_token_ids, max_items=limits.max_stop_token_ids
     ):
         _check_ids(v, "sampling.stop_token_ids", sampling.stop_token_ids, facts.vocab_size)
+    _check_sampling_surface(v, sampling)
+    _check_logit_bias(v, sampling.logit_bias, facts.vocab_size)
+
+
+def _check_sampling_surface(v: Violations, sampling: common_pb2.SamplingParams) -> None:
+    """n, top_logprobs, the penalties and min_p."""
+    v.require(
+        sampling.n in (0, 1),
+        "sampling.n",
+        "must be 0 or 1: a replica serves one completion per Generate (the router fans out n > 1)",
+    )
+    check_range(
+        v, "sampling.top_logprobs", sampling.top_logprobs, min_value=0, max_value=MAX_TOP_LOGPROBS
+    )
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(sampling, name)
+        check_range(v, f"sampling.{name}", value, min_value=-MAX_PENALTY, max_value=MAX_PENALTY)
+    field = "sampling.repetition_penalty"
+    if sampling.HasField("repetition_penalty") and check_range(
+        v, field, sampling.repetition_penalty, max_value=MAX_PENALTY
+    ):
+        v.require(sampling.repetition_penalty > 0.0, field, f"must be in (0, {MAX_PENALTY:g}]")
+    check_range(v, "sampling.min_p", sampling.min_p, min_value=0.0, max_value=1.0)
+
+
+def _check_logit_bias(v: Violations, bias: Mapping[int, float], vocab_size: int) -> None:
+    field = "sampling.logit_bias"
+    if not check_repeated(v, field, bias, max_items=MAX_LOGIT_BIAS_ENTRIES):
+        return
+    for token_id, value in sorted(bias.items()):
+        entry = f"{field}[{token_id}]"
+        if v.require(0 <= token_id < vocab_size, entry, f"token id is outside [0, {vocab_size})"):
+            check_range(v, entry, value, min_value=-MAX_LOGIT_BIAS, max_value=MAX_LOGIT_BIAS)
+
+
+def _check_min_tokens(v: Violations, min_tokens: int, max_tokens: int) -> None:
+    field = "sampling.min_tokens"
+    if v.require(min_tokens >= 0, field, "must be >= 0"):
+        v.require(min_tokens <= max_tokens, field, f"must be <= max_tokens ({max_tokens})")
 
 
 def _check_stop_strings(v: Violations, stop: Sequence[str], limits: Limits) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from llm_inference import convert
 from llm_inference.engine.api import (
     EngineInfo,
@@ -9,7 +11,9 @@ from llm_inference.engine.api import (
     LoadSnapshot,
     RequestTimings,
     TokenEvent,
+    TopToken,
 )
+from llm_inference.token_bytes import TokenBytes
 from llmapi.common.v1 import common_pb2
 
 
@@ -54,14 +58,34 @@ def test_finish_reasons_map() -> None:
         assert convert.generate_response(event(reason), detokenize=False).finish_reason == code
 
 
-def test_logprobs_carry_token_text() -> None:
-    msg = convert.generate_response(
-        event(logprobs=(-0.5, -1.5)), detokenize=False, token_text=lambda t: f"<{t}>"
-    )
-    assert [(lp.token_id, lp.token, lp.logprob) for lp in msg.logprobs] == [
-        (7, "<7>", -0.5),
-        (8, "<8>", -1.5),
+TOKENS = TokenBytes((b"", b"", b"", b"", b"", b"", b"", b" a", b"\xe2", b"\xe2\x82"))
+
+
+def test_logprobs_carry_token_text_and_raw_bytes() -> None:
+    msg = convert.generate_response(event(logprobs=(-0.5, -1.5)), detokenize=False, tokens=TOKENS)
+    assert [(lp.token_id, lp.token, lp.logprob, lp.bytes) for lp in msg.logprobs] == [
+        (7, " a", -0.5, b" a"),
+        (8, "\ufffd", -1.5, b"\xe2"),  # a partial character keeps its byte
     ]
+    assert all(not lp.top_logprobs for lp in msg.logprobs)
+
+
+def test_top_logprobs_carry_alternatives_per_token() -> None:
+    top = ((TopToken(7, -0.5), TopToken(9, -1.0)), (TopToken(8, -1.5),))
+    msg = convert.generate_response(
+        replace(event(logprobs=(-0.5, -1.5)), top_logprobs=top), detokenize=False, tokens=TOKENS
+    )
+    first, second = msg.logprobs
+    assert [(t.token_id, t.token, t.logprob, t.bytes) for t in first.top_logprobs] == [
+        (7, " a", -0.5, b" a"),
+        (9, "\ufffd", -1.0, b"\xe2\x82"),
+    ]
+    assert [t.token_id for t in second.top_logprobs] == [8]
+
+
+def test_logprobs_without_a_tokenizer_have_no_text() -> None:
+    msg = convert.generate_response(event(logprobs=(-0.5, -1.5)), detokenize=False)
+    assert [(lp.token, lp.bytes) for lp in msg.logprobs] == [("", b""), ("", b"")]
 
 
 def test_load_report_and_info() -> None:

@@ -177,14 +177,14 @@ class EngineCore:
             chunk.seq.num_computed_tokens = chunk.end
             self.block_manager.cache_full_blocks(chunk.seq)
         seqs = [chunk.seq for chunk in result.sampled]
-        sample = self.sampler(
-            result.logits, [s.sampling for s in seqs], [s.generator for s in seqs]
-        )
+        sample = self.sampler(result.logits, seqs, self.model_config.eos_token_ids)
         now = time.perf_counter()
         emitted: list[Emitted] = []
-        for seq, token, logprob in zip(seqs, sample.token_ids, sample.logprobs, strict=True):
+        for seq, token, logprob, top in zip(
+            seqs, sample.token_ids, sample.logprobs, sample.top_logprobs, strict=True
+        ):
             state = self._states[seq.request_id]
-            emitted.append(Emitted(seq.request_id, state.append(token, logprob, now)))
+            emitted.append(Emitted(seq.request_id, state.append(token, logprob, now, top)))
             if state.finished:
                 del self._states[seq.request_id]
                 self.scheduler.finish(seq)

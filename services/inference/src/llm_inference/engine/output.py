@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from llm_common.detokenizer import Decoder, IncrementalDetokenizer
 
-from .api import FinishReason, RequestTimings, TokenEvent
+from .api import FinishReason, RequestTimings, TokenEvent, TopToken
 from .sequence import Sequence
 
 
@@ -64,7 +64,13 @@ class RequestState:
         if self.clock.first_scheduled is None:
             self.clock.first_scheduled = now
 
-    def append(self, token_id: int, logprob: float | None, now: float) -> TokenEvent:
+    def append(
+        self,
+        token_id: int,
+        logprob: float | None,
+        now: float,
+        top_logprobs: tuple[TopToken, ...] | None = None,
+    ) -> TokenEvent:
         """Record one sampled token and build its event (the last one carries finish data)."""
         seq = self.seq
         seq.token_ids.append(token_id)
@@ -74,8 +80,11 @@ class RequestState:
         reason = FinishReason.STOP if matched_stop_string else self._stop_reason(token_id)
         if reason is not None and not matched_stop_string:
             text += self._flush()
-        logprobs = (logprob,) if seq.sampling.logprobs and logprob is not None else None
-        return self._event((token_id,), text, logprobs, reason, now)
+        options = seq.sampling
+        wants_logprobs = options.logprobs or options.top_logprobs > 0
+        logprobs = (logprob,) if wants_logprobs and logprob is not None else None
+        top = (top_logprobs,) if options.top_logprobs > 0 and top_logprobs is not None else None
+        return self._event((token_id,), text, logprobs, reason, now, top)
 
     def finish_without_token(self, reason: FinishReason, now: float) -> TokenEvent:
         """Final event for a request ended outside sampling (cancelled, failed)."""
@@ -122,6 +131,7 @@ class RequestState:
         logprobs: tuple[float, ...] | None,
         reason: FinishReason | None,
         now: float,
+        top_logprobs: tuple[tuple[TopToken, ...], ...] | None = None,
     ) -> TokenEvent:
         seq = self.seq
         if reason is not None:
@@ -136,6 +146,7 @@ class RequestState:
             completion_tokens=seq.num_completion_tokens,
             cached_tokens=seq.num_cached_tokens,
             timings=self.clock.timings() if reason is not None else None,
+            top_logprobs=top_logprobs,
         )
 
 

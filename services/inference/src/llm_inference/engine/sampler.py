@@ -1,4 +1,5 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, per-request seeded generators, logprobs."""
+"""Batched sampling: logit bias and penalties, greedy, temperature, min-p, top-k, top-p,
+per-request seeded generators, logprobs and top alternatives."""
 
 from __future__ import annotations
 
@@ -7,24 +8,36 @@ from dataclasses import dataclass
 
 import torch
 
-from .api import SamplingOptions
+from .api import SamplingOptions, TopToken
+from .penalties import adjust_logits
+from .sequence import Sequence
 
 
 @dataclass(frozen=True, slots=True)
 class SampleResult:
-    """Chosen token per row and, where asked for, its log-probability."""
+    """Per row: the chosen token and, where asked for, its log-probability and alternatives."""
 
     token_ids: list[int]
     logprobs: list[float | None]
+    # The top_logprobs most likely tokens, most likely first (None where not asked for).
+    top_logprobs: list[tuple[TopToken, ...] | None]
+
+
+@dataclass(frozen=True, slots=True)
+class _Logprobs:
+    chosen: list[float | None]
+    top: list[tuple[TopToken, ...] | None]
 
 
 class Sampler:
     """Samples one token per row of float32 logits.
 
+    Order per row: logit_bias, repetition/presence/frequency penalties and min_tokens on the raw
+    logits (masks applied before the sampler stay -inf), then temperature, min-p, top-k, top-p.
     Random rows use the exponential race (argmax of p / E with E ~ Exp(1)), equivalent to drawing
     from p; each seeded request draws its noise from its own torch.Generator, so its tokens do not
     depend on what else is in the batch. Logprobs are under the processed distribution
-    (temperature, top-k, top-p); greedy rows report them at temperature 1.
+    (temperature, min-p, top-k, top-p); greedy rows report them at temperature 1.
     """
 
     def __init__(self, default_generator: torch.Generator) -> None:
@@ -33,22 +46,26 @@ class Sampler:
     def __call__(
         self,
         logits: torch.Tensor,
-        options: Seq[SamplingOptions],
-        generators: Seq[torch.Generator | None],
+        seqs: Seq[Sequence],
+        eos_token_ids: Seq[int] = (),
     ) -> SampleResult:
+        """One token per row of `logits` (row i belongs to seqs[i], whose history it reads)."""
+        options = [seq.sampling for seq in seqs]
+        logits = adjust_logits(logits, seqs, eos_token_ids)
         greedy = [o.temperature == 0.0 for o in options]
-        want_logprobs = any(o.logprobs for o in options)
-        if all(greedy) and not want_logprobs:
-            return SampleResult(logits.argmax(dim=-1).tolist(), [None] * len(options))
+        if all(greedy) and not any(_wants_logprobs(o) for o in options):
+            rows = len(options)
+            return SampleResult(logits.argmax(dim=-1).tolist(), [None] * rows, [None] * rows)
         processed = _process(logits, options, greedy)
         tokens = processed.argmax(dim=-1)
         random_rows = [i for i, g in enumerate(greedy) if not g]
         if random_rows:
             probs = torch.softmax(processed[random_rows], dim=-1)
-            noise = self._noise(probs, [generators[i] for i in random_rows])
+            noise = self._noise(probs, [seqs[i].generator for i in random_rows])
             tokens[random_rows] = (probs / noise).argmax(dim=-1)
         token_list: list[int] = tokens.tolist()
-        return SampleResult(token_list, _logprobs(processed, tokens, options))
+        logprobs = _logprobs(processed, tokens, options)
+        return SampleResult(token_list, logprobs.chosen, logprobs.top)
 
     def _noise(self, probs: torch.Tensor, generators: Seq[torch.Generator | None]) -> torch.Tensor:
         noise = torch.empty_like(probs)
@@ -65,12 +82,12 @@ class Sampler:
 def _process(
     logits: torch.Tensor, options: Seq[SamplingOptions], greedy: list[bool]
 ) -> torch.Tensor:
-    """Logits after temperature, top-k and top-p (masked entries are -inf)."""
+    """Logits after temperature, min-p, top-k and top-p (masked entries are -inf)."""
     temps = torch.tensor(
         [1.0 if g else o.temperature for o, g in zip(options, greedy, strict=True)],
         device=logits.device,
     )
-    scaled = logits / temps[:, None]
+    scaled = _min_p(logits / temps[:, None], options)
     top_k = [o.top_k for o in options]
     top_p = [o.top_p for o in options]
     if all(k <= 0 for k in top_k) and all(p >= 1.0 for p in top_p):
@@ -89,15 +106,51 @@ def _process(
     return torch.full_like(scaled, float("-inf")).scatter(1, order, sorted_logits)
 
 
+def _min_p(scaled: torch.Tensor, options: Seq[SamplingOptions]) -> torch.Tensor:
+    """Drop tokens less likely than min_p times the most likely one (p_i < min_p * p_max)."""
+    if all(o.min_p <= 0.0 for o in options):
+        return scaled
+    # In log space: logit_i - logit_max < log(min_p); min_p = 0 gives -inf, dropping nothing.
+    log_min_p = torch.tensor([o.min_p for o in options], device=scaled.device).log()
+    gap = scaled - scaled.max(dim=-1, keepdim=True).values
+    return scaled.masked_fill(gap < log_min_p[:, None], float("-inf"))
+
+
+def _wants_logprobs(options: SamplingOptions) -> bool:
+    return options.logprobs or options.top_logprobs > 0
+
+
 def _logprobs(
     processed: torch.Tensor, tokens: torch.Tensor, options: Seq[SamplingOptions]
-) -> list[float | None]:
-    rows = [i for i, o in enumerate(options) if o.logprobs]
-    result: list[float | None] = [None] * len(options)
+) -> _Logprobs:
+    """Chosen-token logprobs and top alternatives, both under the processed distribution."""
+    result = _Logprobs([None] * len(options), [None] * len(options))
+    rows = [i for i, o in enumerate(options) if _wants_logprobs(o)]
     if not rows:
         return result
     log_probs = torch.log_softmax(processed[rows], dim=-1)
     chosen = log_probs.gather(1, tokens[rows][:, None]).squeeze(1).tolist()
     for row, value in zip(rows, chosen, strict=True):
-        result[row] = float(value)
+        result.chosen[row] = float(value)
+    top_rows = [j for j, row in enumerate(rows) if options[row].top_logprobs > 0]
+    if top_rows:
+        _fill_top(result.top, log_probs[top_rows], [rows[j] for j in top_rows], options)
     return result
+
+
+def _fill_top(
+    out: list[tuple[TopToken, ...] | None],
+    log_probs: torch.Tensor,
+    rows: list[int],
+    options: Seq[SamplingOptions],
+) -> None:
+    """Per row, its top_logprobs most likely tokens; masked (-inf) ones are not alternatives."""
+    k = min(max(options[row].top_logprobs for row in rows), log_probs.shape[1])
+    values, ids = log_probs.topk(k, dim=-1)
+    for row, row_values, row_ids in zip(rows, values.tolist(), ids.tolist(), strict=True):
+        n = options[row].top_logprobs
+        out[row] = tuple(
+            TopToken(token_id, value)
+            for token_id, value in zip(row_ids[:n], row_values[:n], strict=True)
+            if value != float("-inf")
+        )

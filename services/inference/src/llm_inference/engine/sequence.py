@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +46,11 @@ class Sequence:
     num_preemptions: int = 0
     admitted_once: bool = False
     finish_reason: FinishReason | None = None
+    # Generated-token occurrences for the penalties, caught up lazily from token_ids (which
+    # only grow), so every appender is covered and each token is counted once.
+    _output_counts: Counter[int] = field(default_factory=Counter, init=False, repr=False)
+    _num_counted: int = field(default=0, init=False, repr=False)
+    _distinct_prompt_ids: torch.Tensor | None = field(default=None, init=False, repr=False)
 
     @property
     def num_tokens(self) -> int:
@@ -66,3 +72,18 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+    def output_counts(self) -> Counter[int]:
+        """How often each token id was generated so far (prompt excluded); do not mutate."""
+        start = max(self._num_counted, self.num_prompt_tokens)
+        if start < len(self.token_ids):
+            self._output_counts.update(self.token_ids[start:])
+        self._num_counted = len(self.token_ids)
+        return self._output_counts
+
+    def distinct_prompt_ids(self) -> torch.Tensor:
+        """The prompt's distinct token ids (a CPU tensor built once; for the repetition penalty)."""
+        if self._distinct_prompt_ids is None:
+            distinct = set(self.token_ids[: self.num_prompt_tokens])
+            self._distinct_prompt_ids = torch.tensor(sorted(distinct), dtype=torch.long)
+        return self._distinct_prompt_ids
