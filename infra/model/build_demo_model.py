@@ -43,13 +43,49 @@ SPECIAL_TOKENS = (BOS, EOS, PAD, *CHAT_MARKERS)
 
 # ChatML-like: <|role|>\ncontent<|eos|>\n per message; BOS comes from the template, so callers
 # encode the rendered text with add_special_tokens=False (as apply_chat_template does).
+# With tools, a system turn lists them and asks for Hermes-style calls (the demo model's
+# tool_parser is hermes): <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>.
+# Assistant calls render as such blocks; tool results as <tool_response> in a user turn.
+# A conversation without tools or tool messages renders as before.
+TOOLS_PREAMBLE = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+)
+TOOLS_INSTRUCTION = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+)
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}"
+    "{{ '<|system|>\\n' }}"
+    "{% if messages and messages[0]['role'] == 'system' %}"
+    "{{ messages[0]['content'] + '\\n\\n' }}{% endif %}"
+    "{{ " + json.dumps(TOOLS_PREAMBLE) + " }}"
+    "{% for tool in tools %}{{ '\\n' + (tool | tojson) }}{% endfor %}"
+    "{{ " + json.dumps(TOOLS_INSTRUCTION) + " + eos_token + '\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('Unsupported role: ' + message['role']) }}"
     "{% endif %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}{# in the tools turn #}"
+    "{% elif message['role'] == 'assistant' and message['tool_calls'] is defined %}"
+    "{{ '<|assistant|>\\n' + message['content'] }}"
+    "{% for call in message['tool_calls'] %}"
+    "{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "{{ '<tool_call>\\n' }}"
+    "{{ {'name': call['function']['name'], 'arguments': call['function']['arguments']} | tojson }}"
+    "{{ '\\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ eos_token + '\\n' }}"
+    "{% elif message['role'] == 'tool' %}"
+    "{{ '<|user|>\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{{ eos_token + '\\n' }}"
+    "{% else %}"
     "{{ '<|' + message['role'] + '|>\\n' + message['content'] + eos_token + '\\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )

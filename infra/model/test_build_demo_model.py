@@ -150,7 +150,23 @@ def test_chat_template(hf: tuple[Any, Any]) -> None:
     assert ids == tok(text, add_special_tokens=False)["input_ids"]
     assert ids.count(tok.bos_token_id) == 1
     with pytest.raises(Exception, match="Unsupported role"):
-        tok.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
+        tok.apply_chat_template([{"role": "function", "content": "x"}], tokenize=False)
+
+
+def test_chat_template_renders_tools_calls_and_results(hf: tuple[Any, Any]) -> None:
+    tok, _ = hf
+    tools = [{"type": "function", "function": {"name": "w", "parameters": {"type": "object"}}}]
+    call = {"type": "function", "function": {"name": "w", "arguments": {"city": "Paris"}}}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+    ]
+    text = tok.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert text.startswith("<|bos|><|system|>\n# Tools\n")
+    assert '\n{"type": "function", "function": {"name": "w"' in text
+    assert '<|assistant|>\n<tool_call>\n{"name": "w", "arguments": {"city": "Paris"}}\n' in text
+    assert text.endswith("<|user|>\n<tool_response>\nsunny\n</tool_response><|eos|>\n")
 
 
 def test_greedy_generation_is_not_degenerate(hf: tuple[Any, Any]) -> None:

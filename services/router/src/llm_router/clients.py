@@ -123,18 +123,31 @@ class TokenizerClient:
         self._distrusted: set[str] = set()
 
     async def chat_prompt(
-        self, model: str, messages: Sequence[common_pb2.ChatMessage], *, tenant: str = ""
+        self,
+        model: str,
+        messages: Sequence[common_pb2.ChatMessage],
+        *,
+        tenant: str = "",
+        tools: Sequence[common_pb2.Tool] = (),
     ) -> list[int]:
-        """Token ids of the templated conversation, ending with the assistant's turn marker."""
-        fetch = self._chat_fetch(model, messages, self._local)
-        return await self._memoized(memo_key(_chat_parts(tenant, model, messages)), fetch)
+        """Token ids of the templated conversation, ending with the assistant's turn marker.
+
+        With tools the tokenizer service renders it (the in-process path has no tools)."""
+        fetch = self._chat_fetch(model, messages, None if tools else self._local, tools)
+        key = memo_key(_chat_parts(tenant, model, messages, tools))
+        return await self._memoized(key, fetch)
 
     async def chat_prompt_ids(
-        self, model: str, messages: Sequence[common_pb2.ChatMessage], *, tenant: str = ""
+        self,
+        model: str,
+        messages: Sequence[common_pb2.ChatMessage],
+        *,
+        tenant: str = "",
+        tools: Sequence[common_pb2.Tool] = (),
     ) -> PromptIds:
-        """As chat_prompt; speculative for the models `speculative` serves."""
-        if self._speculative is None or not self._speculates(model):
-            return PromptIds(await self.chat_prompt(model, messages, tenant=tenant))
+        """As chat_prompt; speculative for the models `speculative` serves (without tools)."""
+        if tools or self._speculative is None or not self._speculates(model):
+            return PromptIds(await self.chat_prompt(model, messages, tenant=tenant, tools=tools))
         key = memo_key(_chat_parts(tenant, model, messages))
         guess = self._speculative.chat_prompt(model, messages)
         return await self._speculate(model, key, self._chat_fetch(model, messages, None), guess)
@@ -157,12 +170,13 @@ class TokenizerClient:
         model: str,
         messages: Sequence[common_pb2.ChatMessage],
         local: LocalTokenizer | None,
+        tools: Sequence[common_pb2.Tool] = (),
     ) -> Callable[[], Awaitable[list[int]]]:
         async def fetch() -> list[int]:
             if local is not None and local.serves(model):
                 return await local.chat_prompt(model, messages)
             request = tok_pb.ApplyChatTemplateRequest(
-                model=model, messages=messages, add_generation_prompt=True
+                model=model, messages=messages, add_generation_prompt=True, tools=tools
             )
             response = await _call(
                 self.service,
@@ -306,10 +320,16 @@ class TokenizerClient:
 
 
 def _chat_parts(
-    tenant: str, model: str, messages: Sequence[common_pb2.ChatMessage]
+    tenant: str,
+    model: str,
+    messages: Sequence[common_pb2.ChatMessage],
+    tools: Sequence[common_pb2.Tool] = (),
 ) -> Iterable[bytes]:
     yield from (b"chat", tenant.encode(), model.encode())
     yield from (m.SerializeToString(deterministic=True) for m in messages)
+    if tools:  # after the messages: a conversation without tools keeps its old key
+        yield b"tools"
+        yield from (t.SerializeToString(deterministic=True) for t in tools)
 
 
 def _text_parts(tenant: str, model: str, text: str) -> Iterable[bytes]:

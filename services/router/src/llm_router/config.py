@@ -61,6 +61,8 @@ class Limits:
     max_user_bytes: int = 256
     max_embed_inputs: int = 256
     max_embed_input_bytes: int = 64 * 1024
+    max_tools: int = 128
+    max_schema_bytes: int = 64 * 1024  # a JSON schema, regex or grammar (and each tool's)
 
     def __post_init__(self) -> None:
         for f in fields(self):

@@ -15,6 +15,7 @@ import grpc
 
 from llm_common.errors import ServiceError, Unavailable
 from llm_common.logging import get_logger
+from llm_common.tools import CallDelta
 from llm_router.background import Background
 from llm_router.clients import CacheClient
 from llm_router.dispatch import Started
@@ -75,6 +76,7 @@ class Chunk:
     logprobs: tuple[common_pb2.TokenLogprob, ...] = ()
     finish_reason: FinishReason = UNSET
     usage: common_pb2.Usage | None = None
+    tool_calls: tuple[CallDelta, ...] = ()  # filled by ToolCallReader (tool_output)
 
 
 class Source(Protocol):

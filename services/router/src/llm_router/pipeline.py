@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from llm_common.errors import FieldViolation, InvalidArgument, ServiceError, Unavailable
 from llm_common.logging import get_logger
 from llm_common.models_config import Deployment, ModelSpec
+from llm_common.tools import forced_format
 from llm_router import input_guard
 from llm_router.admission import NOTHING, Admitter, billing_id
 from llm_router.background import Background
@@ -222,7 +223,7 @@ class Pipeline:
             return request
         if request.kind is Kind.CHAT:
             messages = tuple(
-                common_pb2.ChatMessage(role=m.role, content=text, name=m.name)
+                _with_content(m, text)
                 for m, text in zip(request.messages, screened.texts, strict=True)
             )
             return dataclasses.replace(request, messages=messages)
@@ -316,6 +317,17 @@ class Pipeline:
         sampling = common_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)
         sampling.max_tokens = max_tokens
+        forced = request.forced_function
+        if forced is not None:
+            # tool_choice required or named: the call is guaranteed by constrained decoding.
+            sampling.format.CopyFrom(
+                forced_format(
+                    spec.tool_parser,
+                    request.tools,
+                    function_name=forced or None,
+                    parallel=request.parallel_tool_calls,
+                )
+            )
         deployments = self._router.deployment_order(spec, caller.regions)
         if not deployments:
             raise Unavailable(f"model {spec.name!r} has no deployment", retry_after_s=60.0)
@@ -326,7 +338,9 @@ class Pipeline:
     ) -> list[int]:
         tenant = caller.tenant_id
         if request.kind is Kind.CHAT:
-            return await self._tokenizer.chat_prompt(spec.name, request.messages, tenant=tenant)
+            return await self._tokenizer.chat_prompt(
+                spec.name, request.messages, tenant=tenant, tools=request.tools
+            )
         return await self._tokenizer.encode(spec.name, request.prompt, tenant=tenant)
 
     async def _tokenize_ids(
@@ -334,7 +348,9 @@ class Pipeline:
     ) -> PromptIds:
         tenant = caller.tenant_id
         if request.kind is Kind.CHAT:
-            return await self._tokenizer.chat_prompt_ids(spec.name, request.messages, tenant=tenant)
+            return await self._tokenizer.chat_prompt_ids(
+                spec.name, request.messages, tenant=tenant, tools=request.tools
+            )
         return await self._tokenizer.encode_ids(spec.name, request.prompt, tenant=tenant)
 
     async def _admit(self, prepared: Prepared, caller: Caller, policy: TenantPolicy) -> Admission:
@@ -402,6 +418,7 @@ class Pipeline:
         )
         if request.kind is Kind.CHAT:
             key.messages.extend(request.messages)
+            key.tools.extend(request.tools)
         else:
             key.prompt = request.prompt
         return key
@@ -473,6 +490,14 @@ def _abandon_reason(error: BaseException) -> str:
     if isinstance(error, _UnconfirmedError):
         return "unconfirmed"
     return "refused" if isinstance(error, ServiceError) else "cancelled"
+
+
+def _with_content(message: common_pb2.ChatMessage, text: str) -> common_pb2.ChatMessage:
+    """The message with screened content (tool calls and ids kept)."""
+    copy = common_pb2.ChatMessage()
+    copy.CopyFrom(message)
+    copy.content = text
+    return copy
 
 
 def _prompt_field(request: GenerationRequest) -> str:

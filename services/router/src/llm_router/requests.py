@@ -40,6 +40,26 @@ class GenerationRequest:
     metadata: Mapping[str, str] = field(default_factory=dict)
     request_id: str = ""  # the client's idempotency id, empty when it sent none
     fingerprint: bytes = b""  # deterministic serialization, for idempotent billing ids
+    tools: tuple[common_pb2.Tool, ...] = ()
+    tool_choice: common_pb2.ToolChoice = field(default_factory=common_pb2.ToolChoice)
+    parallel_tool_calls: bool = True
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """The answer is read for tool calls: tools were given and tool_choice is not none."""
+        return bool(self.tools) and (
+            bool(self.tool_choice.function_name)
+            or self.tool_choice.mode != common_pb2.TOOL_CHOICE_MODE_NONE
+        )
+
+    @property
+    def forced_function(self) -> str | None:
+        """The function a call is forced to ("" = any of the tools); None when not forced."""
+        if self.tool_choice.function_name:
+            return self.tool_choice.function_name
+        if self.tools and self.tool_choice.mode == common_pb2.TOOL_CHOICE_MODE_REQUIRED:
+            return ""
+        return None
 
     @property
     def texts(self) -> tuple[str, ...]:
@@ -47,6 +67,11 @@ class GenerationRequest:
         if self.kind is Kind.CHAT:
             return tuple(m.content for m in self.messages)
         return (self.prompt,)
+
+    @property
+    def choices(self) -> int:
+        """How many completions were asked for (sampling.n; 0 means 1)."""
+        return max(self.sampling.n, 1)
 
     def text_field(self, index: int) -> str:
         """The request field name of `texts[index]`, for error details."""

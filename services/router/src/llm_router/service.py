@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -16,8 +18,11 @@ from llm_common.deadlines import deadline_after, deadline_var
 from llm_common.errors import FieldViolation, InvalidArgument
 from llm_common.interceptors import new_request_id
 from llm_common.logging import current_request_id
+from llm_common.tools import parser_for
 from llm_router import validation
+from llm_router.answers import Answer, fill_chat, fill_completion
 from llm_router.background import Background
+from llm_router.choices import choice_requests, interleaved, merged_usage
 from llm_router.clients import TokenizerClient
 from llm_router.config import Limits
 from llm_router.embedder import Embedder
@@ -27,6 +32,7 @@ from llm_router.model_routing import AUTO_MODEL, GENERATION, ModelRouter
 from llm_router.pipeline import Pipeline
 from llm_router.policies import PolicyBook
 from llm_router.requests import GenerationRequest
+from llm_router.tool_output import ToolCallReader, call_deltas
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
@@ -61,12 +67,14 @@ class ServiceDeps:
     request_timeout_s: float = 300.0
 
 
-@dataclass(slots=True)
-class _Answer:
-    text: list[str] = field(default_factory=list)
-    logprobs: list[common_pb2.TokenLogprob] = field(default_factory=list)
-    finish_reason: common_pb2.FinishReason.ValueType = common_pb2.FINISH_REASON_UNSPECIFIED
-    usage: common_pb2.Usage = field(default_factory=common_pb2.Usage)
+@dataclass(frozen=True, slots=True)
+class _Emitted:
+    """A chunk of choice `index`; `first` on the choice's first chunk."""
+
+    index: int
+    generation: Generation
+    chunk: Chunk
+    first: bool
 
 
 class LLMServicer(pb_grpc.LLMServiceServicer):
@@ -78,19 +86,15 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     # Method names are the contract's RPC names, hence the noqa N802.
     async def Chat(self, request: pb.ChatRequest, context: Context) -> pb.ChatResponse:  # noqa: N802
         parsed = validation.validate_chat(request, self._d.limits)
-        answer, generation = await self._unary(parsed, context)
-        return pb.ChatResponse(
+        answers, generation = await self._unary(parsed, context)
+        response = pb.ChatResponse(
             request_id=generation.request_id,
             model=generation.model,
-            message=common_pb2.ChatMessage(
-                role=common_pb2.ROLE_ASSISTANT, content="".join(answer.text)
-            ),
-            finish_reason=answer.finish_reason,
-            usage=answer.usage,
             cache=_cache_info(generation),
-            logprobs=answer.logprobs,
             created=_now(),
         )
+        fill_chat(response, answers)
+        return response
 
     async def ChatStream(  # noqa: N802
         self, request: pb.ChatStreamRequest, context: Context
@@ -103,17 +107,15 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self, request: pb.CompleteRequest, context: Context
     ) -> pb.CompleteResponse:
         parsed = validation.validate_complete(request, self._d.limits)
-        answer, generation = await self._unary(parsed, context)
-        return pb.CompleteResponse(
+        answers, generation = await self._unary(parsed, context)
+        response = pb.CompleteResponse(
             request_id=generation.request_id,
             model=generation.model,
-            text="".join(answer.text),
-            finish_reason=answer.finish_reason,
-            usage=answer.usage,
             cache=_cache_info(generation),
-            logprobs=answer.logprobs,
             created=_now(),
         )
+        fill_completion(response, answers)
+        return response
 
     async def CompleteStream(  # noqa: N802
         self, request: pb.CompleteStreamRequest, context: Context
@@ -149,7 +151,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         with self._deadline():
             if request.messages:
                 ids = await self._d.tokenizer.chat_prompt(
-                    spec.name, request.messages, tenant=caller.tenant_id
+                    spec.name, request.messages, tenant=caller.tenant_id, tools=request.tools
                 )
             else:
                 ids = await self._d.tokenizer.encode(
@@ -183,45 +185,108 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
 
     async def _unary(
         self, parsed: GenerationRequest, context: Context
-    ) -> tuple[_Answer, Generation]:
-        caller = self._caller(context)
-        with self._deadline():
-            generation = await self._open(parsed, caller, stream=False)
-            answer = _Answer()
-            async with aclosing(self._chunks(generation)) as chunks:
-                async for chunk in chunks:
-                    _collect(answer, chunk)
-        return answer, generation
+    ) -> tuple[list[Answer], Generation]:
+        """Every choice's answer, and the first choice's generation (for ids and cache info)."""
+        answers = [Answer() for _ in range(parsed.choices)]
+        first: Generation | None = None
+        async for emitted in self._stream(parsed, context, stream=False):
+            answers[emitted.index].add(emitted.chunk)
+            if emitted.index == 0:
+                first = emitted.generation
+        assert first is not None  # every choice yields at least its last chunk
+        return answers, first
 
     async def _stream_messages(
         self, parsed: GenerationRequest, context: Context, message_type: type[StreamMessage]
     ) -> AsyncIterator[StreamMessage]:
-        """The generation as stream messages: usage on the last, cache info on the first."""
-        async for generation, chunk, first in self._stream(parsed, context):
+        """The generation as stream messages: usage on the last, cache info on each choice's
+        first."""
+        async for emitted in self._stream(parsed, context, stream=True):
+            generation, chunk = emitted.generation, emitted.chunk
             message = message_type(
                 request_id=generation.request_id,
                 model=generation.model,
                 delta=chunk.text,
                 logprobs=chunk.logprobs,
                 finish_reason=chunk.finish_reason,
+                index=emitted.index,
             )
+            if chunk.tool_calls and isinstance(message, pb.ChatStreamResponse):
+                message.tool_calls.extend(call_deltas(chunk.tool_calls))
             if chunk.usage is not None:
                 message.usage.CopyFrom(chunk.usage)
-            if first:
+            if emitted.first:
                 message.cache.CopyFrom(_cache_info(generation))
             yield message
 
     async def _stream(
-        self, parsed: GenerationRequest, context: Context
-    ) -> AsyncIterator[tuple[Generation, Chunk, bool]]:
+        self, parsed: GenerationRequest, context: Context, *, stream: bool
+    ) -> AsyncIterator[_Emitted]:
         caller = self._caller(context)
         with self._deadline():
-            generation = await self._open(parsed, caller, stream=True)
-            first = True
-            async with aclosing(self._chunks(generation)) as chunks:
-                async for chunk in chunks:
-                    yield generation, chunk, first
-                    first = False
+            generations = await self._open_all(parsed, caller, stream=stream)
+            streams = [self._read(parsed, g, i) for i, g in enumerate(generations)]
+            if len(streams) == 1:
+                async with aclosing(streams[0]) as only:
+                    async for emitted in only:
+                        yield emitted
+                return
+            usages: list[common_pb2.Usage] = []
+            async for tagged in interleaved(streams):
+                emitted = tagged.item
+                if emitted.chunk.usage is not None:
+                    # One usage for the request, on its very last message.
+                    usages.append(emitted.chunk.usage)
+                    usage = merged_usage(usages) if len(usages) == len(streams) else None
+                    emitted = dataclasses.replace(
+                        emitted, chunk=dataclasses.replace(emitted.chunk, usage=usage)
+                    )
+                yield emitted
+
+    async def _read(
+        self, parsed: GenerationRequest, generation: Generation, index: int
+    ) -> AsyncGenerator[_Emitted, None]:
+        """One choice's chunks, read for tool calls when the request offers tools."""
+        reader = self._tool_reader(parsed, generation, index)
+        first = True
+        async with aclosing(self._chunks(generation)) as chunks:
+            async for chunk in chunks:
+                read = reader.read(chunk) if reader is not None else chunk
+                yield _Emitted(index, generation, read, first)
+                first = False
+
+    def _tool_reader(
+        self, parsed: GenerationRequest, generation: Generation, index: int
+    ) -> ToolCallReader | None:
+        if not parsed.parses_tool_calls:
+            return None
+        spec = self._d.router.resolve(generation.model, GENERATION)
+        return ToolCallReader(parser_for(spec.tool_parser), f"{generation.request_id}/{index}")
+
+    async def _open_all(
+        self, parsed: GenerationRequest, caller: Caller, *, stream: bool
+    ) -> list[Generation]:
+        """A generation per choice; if any fails to open, the others are closed."""
+        requests = choice_requests(parsed)
+        if len(requests) == 1:
+            return [await self._open(parsed, caller, stream=stream)]
+        request_id = _request_id(parsed.request_id)
+        opening = [
+            asyncio.ensure_future(
+                self._d.pipeline.open(r, caller, request_id=request_id, stream=stream)
+            )
+            for r in requests
+        ]
+        try:
+            return list(await asyncio.gather(*opening))
+        except BaseException:
+            for task in opening:
+                task.cancel()
+            await asyncio.gather(*opening, return_exceptions=True)
+            for task in opening:
+                if not task.cancelled() and task.exception() is None:
+                    task.result().abandon()
+            raise
 
     async def _chunks(self, generation: Generation) -> AsyncGenerator[Chunk, None]:
         """The generation's chunks. Once the last one is out, closing the generation
@@ -266,16 +331,6 @@ async def _close(chunks: AsyncGenerator[Chunk, None], generation: Generation) ->
         await chunks.aclose()
     finally:
         generation.abandon()
-
-
-def _collect(answer: _Answer, chunk: Chunk) -> None:
-    if chunk.text:
-        answer.text.append(chunk.text)
-    answer.logprobs.extend(chunk.logprobs)
-    if chunk.finish_reason:
-        answer.finish_reason = chunk.finish_reason
-    if chunk.usage is not None:
-        answer.usage = chunk.usage
 
 
 def _cache_info(generation: Generation) -> pb.CacheInfo:

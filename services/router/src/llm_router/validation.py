@@ -9,6 +9,8 @@ from llm_common.errors import FieldViolation, InvalidArgument
 from llm_common.validation import Violations, check_range, check_repeated, check_text, utf8_length
 from llm_router.config import Limits
 from llm_router.requests import CacheOptions, EmbedRequest, GenerationRequest, Kind
+from llm_router.sampling_checks import check_generation_options
+from llm_router.tool_checks import check_tool_messages, check_tools
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 
@@ -27,7 +29,11 @@ def validate_chat(request: ChatLike, limits: Limits) -> GenerationRequest:
     _check_size(v, request.ByteSize(), limits)
     _check_model(v, request.model)
     check_messages(v, request.messages, limits)
+    check_tool_messages(v, request.messages)
+    check_tools(v, request.tools, request.tool_choice, limits)
     _check_common(v, request, limits)
+    if request.sampling.HasField("format") and _forces_call(request):
+        v.add("sampling.format", "cannot be combined with a forced tool call (tool_choice)")
     v.raise_if_any()
     return GenerationRequest(
         kind=Kind.CHAT,
@@ -39,7 +45,25 @@ def validate_chat(request: ChatLike, limits: Limits) -> GenerationRequest:
         metadata=dict(request.metadata),
         request_id=request.request_id,
         fingerprint=request.SerializeToString(deterministic=True),
+        tools=tuple(request.tools),
+        tool_choice=_copy_choice(request.tool_choice),
+        parallel_tool_calls=(
+            request.parallel_tool_calls if request.HasField("parallel_tool_calls") else True
+        ),
     )
+
+
+def _forces_call(request: ChatLike) -> bool:
+    choice = request.tool_choice
+    return bool(choice.function_name) or (
+        bool(request.tools) and choice.mode == common_pb2.TOOL_CHOICE_MODE_REQUIRED
+    )
+
+
+def _copy_choice(choice: common_pb2.ToolChoice) -> common_pb2.ToolChoice:
+    copy = common_pb2.ToolChoice()
+    copy.CopyFrom(choice)
+    return copy
 
 
 def validate_complete(request: CompleteLike, limits: Limits) -> GenerationRequest:
@@ -93,8 +117,12 @@ def validate_count(request: pb.CountTokensRequest, limits: Limits) -> None:
         v.add("prompt", "set exactly one of prompt or messages")
     elif request.messages:
         check_messages(v, request.messages, limits)
+        check_tool_messages(v, request.messages)
     else:
         check_text(v, "prompt", request.prompt, limits.max_prompt_bytes)
+    if request.tools:
+        v.require(bool(request.messages), "tools", "tools are rendered with messages only")
+        check_tools(v, request.tools, common_pb2.ToolChoice(), limits)
     v.raise_if_any()
 
 
@@ -119,7 +147,7 @@ def check_messages(
             check_text(v, f"{field}.name", message.name, limits.max_name_bytes)
     if total > limits.max_content_bytes:
         v.add("messages", f"contents must total at most {limits.max_content_bytes} bytes (UTF-8)")
-    if not any(message.content for message in messages):
+    if not any(message.content or message.tool_calls for message in messages):
         v.add("messages", "at least one message must have content")
 
 
@@ -211,6 +239,7 @@ def check_sampling(v: Violations, s: common_pb2.SamplingParams, limits: Limits) 
     ):
         for i, token in enumerate(s.stop_token_ids):
             v.require(token >= 0, f"sampling.stop_token_ids[{i}]", "must be >= 0")
+    check_generation_options(v, s, limits)
 
 
 def _check_cache(v: Violations, cache: pb.CachePolicy) -> None:
@@ -247,6 +276,8 @@ def _check_request_id(v: Violations, request_id: str) -> None:
 def _copy_sampling(sampling: common_pb2.SamplingParams) -> common_pb2.SamplingParams:
     copy = common_pb2.SamplingParams()
     copy.CopyFrom(sampling)
+    if copy.top_logprobs:
+        copy.logprobs = True  # alternatives come with the chosen token's logprob
     return copy
 
 
