@@ -184,3 +184,35 @@ def test_top_logprobs_give_five_alternatives_per_token(stack: RunningStack) -> N
     for token in content:
         assert len(token.top_logprobs) == 5
         assert token.bytes
+
+
+def test_litellm_gets_a_forced_call_and_a_parsed_json_answer(
+    stack: RunningStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Offline: litellm must read its bundled model-cost map instead of fetching one.
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    common: dict[str, object] = {
+        "model": "openai/demo",
+        "api_base": stack.endpoints.openai_base_url,
+        "api_key": stack.demo_key,
+        "max_retries": 0,
+        "timeout": 120,
+    }
+    reply = litellm.completion(
+        messages=ASK, tools=TOOLS, tool_choice=FORCED, seed=9, max_tokens=120, **common
+    )
+    calls = reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "tool_calls"
+    assert calls[0].function.name == "get_weather"
+    jsonschema.validate(json.loads(calls[0].function.arguments), WEATHER)
+    answer = litellm.completion(
+        messages=[{"role": "user", "content": "Invent a person."}],
+        response_format=Person,
+        max_tokens=400,
+        seed=4,
+        **common,
+    )
+    if answer.choices[0].finish_reason == "stop":
+        Person.model_validate_json(answer.choices[0].message.content)
