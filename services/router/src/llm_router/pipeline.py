@@ -325,7 +325,9 @@ class Pipeline:
                     spec.tool_parser,
                     request.tools,
                     function_name=forced or None,
-                    parallel=request.parallel_tool_calls,
+                    # A named function is called once (as OpenAI does); `required` may call
+                    # several when parallel calls are allowed.
+                    parallel=request.parallel_tool_calls and not forced,
                 )
             )
         deployments = self._router.deployment_order(spec, caller.regions)

@@ -63,10 +63,12 @@ async def router(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     catalog = with_deployments(stack.catalog, deployment("demo-local", stack.replica_addrs))
     settings = router_settings(stack, tmp_path_factory.mktemp("router"))
     async with running_router(settings, catalog) as running:
-        await wait_for(
-            lambda: all(running.runtime.board.health(r) == "fresh" for r in stack.replica_addrs)
-        )
+        await wait_for(lambda: _fresh(running, stack))
         yield running
+
+
+async def _fresh(router: Router, stack: Stack) -> bool:
+    return all(router.runtime.board.health(r) == "fresh" for r in stack.replica_addrs)
 
 
 def user(text: str) -> common_pb2.ChatMessage:
