@@ -108,7 +108,9 @@ def test_a_forced_call_validates_and_the_stream_reassembles_to_it(stack: Running
             if delta.function and delta.function.arguments:
                 arguments.append(delta.function.arguments)
         finish = chunk.choices[0].finish_reason or finish
-    assert ids == [calls[0].id]
+    # Ids are per response (derived from its request id); the call itself is identical.
+    assert len(ids) == 1
+    assert ids[0].startswith("call_")
     assert names == ["get_weather"]
     assert "".join(arguments) == function.arguments
     assert finish == "tool_calls"
