@@ -236,13 +236,18 @@ async def test_client_answers_at_once_then_confirms(stack: Stack) -> None:
 async def test_a_local_refusal_waits_for_the_services_verdict(stack: Stack) -> None:
     local = load_local(stack.catalog, TokenizeMode.SPECULATE)
     client = TokenizerClient(stack.tokenizer.channel, 5.0, speculative=local)
+    # Tool calls on a user turn: refused in-process and by the service alike.
+    call = common_pb2.ToolCall(id="c1", function=common_pb2.FunctionCall(name="f", arguments="{}"))
     messages = [
-        common_pb2.ChatMessage(role=USER, content="Hi"),
+        common_pb2.ChatMessage(role=USER, content="Hi", tool_calls=[call]),
         common_pb2.ChatMessage(role=TOOL, content="{}"),
     ]
     with pytest.raises(InvalidArgument) as err:
         await client.chat_prompt_ids(MODEL, messages)
-    assert "Unsupported role: tool" in err.value.violations[0].description
+    with pytest.raises(InvalidArgument) as service:
+        await TokenizerClient(stack.tokenizer.channel, 5.0).chat_prompt(MODEL, messages)
+    assert err.value.violations == service.value.violations
+    assert err.value.violations[0].field.startswith("messages[0]")
 
 
 async def test_an_overflow_is_the_services_verdict(stack: Stack, tmp_path: Path) -> None:
