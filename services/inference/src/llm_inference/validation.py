@@ -17,6 +17,7 @@ from llm_inference.engine.validation import (
     MAX_PENALTY,
     MAX_TOP_LOGPROBS,
 )
+from llm_inference.output_format import check_output_format, output_format_spec
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as pb
 
@@ -105,6 +106,7 @@ def sampling_options(
         logit_bias=tuple(sorted(sampling.logit_bias.items())),
         min_tokens=sampling.min_tokens,
         min_p=sampling.min_p,
+        output_format=output_format_spec(sampling),
     )
 
 
@@ -157,6 +159,7 @@ def _check_sampling(
         _check_ids(v, "sampling.stop_token_ids", sampling.stop_token_ids, facts.vocab_size)
     _check_sampling_surface(v, sampling)
     _check_logit_bias(v, sampling.logit_bias, facts.vocab_size)
+    check_output_format(v, sampling)
 
 
 def _check_sampling_surface(v: Violations, sampling: common_pb2.SamplingParams) -> None:

@@ -25,6 +25,8 @@ from .api import (
 )
 from .block_manager import BlockManager
 from .config import EngineConfig
+from .grammar import CompiledFormat, GrammarCache, check_options
+from .grammar_mask import GrammarMasker, GrammarStats, new_matcher
 from .kv_cache import num_blocks_for_budget
 from .loader import load_model
 from .model_runner import ModelRunner
@@ -59,6 +61,7 @@ class EngineCore:
         *,
         model_name: str,
         tokenizer: Decoder | None = None,
+        grammars: GrammarCache | None = None,
     ) -> None:
         self.config = config
         self.model_name = model_name
@@ -84,6 +87,11 @@ class EngineCore:
         default_generator = torch.Generator(device=self.runner.device)
         default_generator.manual_seed(config.seed)
         self.sampler = Sampler(default_generator)
+        if grammars is None:  # output formats compile here; without a tokenizer, none do
+            eos = model.config.eos_token_ids
+            grammars = GrammarCache(None, vocab_size=model.config.vocab_size, stop_token_ids=eos)
+        self.grammars = grammars
+        self.grammar_masker = GrammarMasker(model.config.vocab_size, config.max_num_seqs)
         self._states: dict[str, RequestState] = {}
         self._arrivals = 0
         self._produced: deque[tuple[float, int]] = deque()
@@ -103,7 +111,14 @@ class EngineCore:
             max_positions=max_positions,
             quantization=config.quantization,
         )
-        return cls(model, config, model_name=model_name, tokenizer=load_tokenizer(path))
+        tokenizer_file = path / "tokenizer.json"
+        grammars = GrammarCache(
+            tokenizer_file if tokenizer_file.is_file() else None,
+            vocab_size=model_config.vocab_size,
+            stop_token_ids=model_config.eos_token_ids,
+        )
+        tokenizer = load_tokenizer(path)
+        return cls(model, config, model_name=model_name, tokenizer=tokenizer, grammars=grammars)
 
     @property
     def has_work(self) -> bool:
@@ -112,6 +127,11 @@ class EngineCore:
     @property
     def num_requests(self) -> int:
         return len(self._states)
+
+    @property
+    def grammar_stats(self) -> GrammarStats:
+        """Constrained decoding: recent per-step mask times (ms) and counters."""
+        return self.grammar_masker.stats
 
     def validate(self, request_id: str, prompt: Seq[int], sampling: SamplingOptions) -> None:
         validate_request(
@@ -122,6 +142,7 @@ class EngineCore:
             max_context=self.max_context,
             has_tokenizer=self.tokenizer is not None,
         )
+        check_options(sampling)
 
     def add_request(
         self,
@@ -130,11 +151,18 @@ class EngineCore:
         sampling: SamplingOptions,
         priority: int = 0,
         arrival: float | None = None,
+        grammar: CompiledFormat | None = None,
     ) -> None:
-        """Queue a request; raises InvalidRequest for bad input or a duplicate id."""
+        """Queue a request; raises InvalidRequest for bad input or a duplicate id.
+
+        `grammar` is sampling.output_format compiled ahead (AsyncEngine compiles off this
+        thread); without it a format is compiled here, blocking.
+        """
         self.validate(request_id, prompt, sampling)
         if request_id in self._states:
             raise InvalidRequest(f"request_id {request_id!r} is already running")
+        if grammar is None and sampling.output_format is not None:
+            grammar = self.grammars.compile(sampling.output_format)
         seq = Sequence(
             request_id=request_id,
             token_ids=[int(t) for t in prompt],
@@ -144,6 +172,7 @@ class EngineCore:
             priority=priority,
             arrival_index=self._arrivals,
             generator=self._generator(sampling.seed),
+            grammar=None if grammar is None else new_matcher(grammar),
         )
         self._arrivals += 1
         self.scheduler.add(seq)
@@ -177,7 +206,9 @@ class EngineCore:
             chunk.seq.num_computed_tokens = chunk.end
             self.block_manager.cache_full_blocks(chunk.seq)
         seqs = [chunk.seq for chunk in result.sampled]
+        constrained = self.grammar_masker.apply(result.logits, seqs)
         sample = self.sampler(result.logits, seqs, self.model_config.eos_token_ids)
+        self.grammar_masker.accept(seqs, sample.token_ids, result.logits, constrained)
         now = time.perf_counter()
         emitted: list[Emitted] = []
         for seq, token, logprob, top in zip(

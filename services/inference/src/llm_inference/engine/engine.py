@@ -24,6 +24,7 @@ from .api import (
 )
 from .config import EngineConfig
 from .core import Emitted, EngineCore
+from .grammar import CompiledFormat
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class _Add:
     sampling: SamplingOptions
     priority: int
     arrival: float
+    grammar: CompiledFormat | None = None  # sampling.output_format, compiled
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +50,7 @@ class _Abort:
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[TokenEvent]
+    aborted: bool = False  # abort() was called (read once its format has compiled)
 
 
 class AsyncEngine:
@@ -86,6 +89,7 @@ class AsyncEngine:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="inference-engine", daemon=True)
         self._thread.start()
+        self._core.grammars.warm_up()  # in the background: the first format need not wait
 
     async def stop(self) -> None:
         thread = self._thread
@@ -107,11 +111,13 @@ class AsyncEngine:
         """Stream one request's events; bad input raises InvalidRequest at the first iteration.
 
         Closing the iterator early (aclose, or the consuming task being cancelled) aborts the
-        request and frees its KV blocks.
+        request and frees its KV blocks. An output format is compiled (on the grammar worker)
+        before the request is queued, so other requests keep streaming meanwhile.
         """
         if self._thread is None or self._stopping:
             raise EngineError("engine is not running")
         self._core.validate(request_id, prompt_token_ids, sampling)
+        arrival = time.perf_counter()  # the compile wait counts as queueing
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._streams_lock:
             if request_id in self._streams:
@@ -119,9 +125,14 @@ class AsyncEngine:
             self._streams[request_id] = stream
         finished = False
         try:
-            self._post(
-                _Add(request_id, tuple(prompt_token_ids), sampling, priority, time.perf_counter())
-            )
+            prompt = tuple(prompt_token_ids)
+            grammar = await self._compile(sampling)
+            if stream.aborted or self._stopping:  # while compiling
+                finished = True
+                reason = FinishReason.CANCELLED if stream.aborted else FinishReason.ERROR
+                yield _final_event(len(prompt), reason)
+                return
+            self._post(_Add(request_id, prompt, sampling, priority, arrival, grammar))
             while not finished:
                 event = _coalesce(await stream.queue.get(), stream.queue)
                 finished = event.finish_reason is not None
@@ -135,8 +146,9 @@ class AsyncEngine:
 
     def abort(self, request_id: str) -> None:
         with self._streams_lock:
-            known = request_id in self._streams
-        if known:
+            stream = self._streams.get(request_id)
+        if stream is not None:
+            stream.aborted = True
             self._post(_Abort(request_id))
 
     def load(self) -> LoadSnapshot:
@@ -144,6 +156,11 @@ class AsyncEngine:
 
     def info(self) -> EngineInfo:
         return self._info
+
+    async def _compile(self, sampling: SamplingOptions) -> CompiledFormat | None:
+        if sampling.output_format is None:
+            return None
+        return await self._core.grammars.compile_async(sampling.output_format)
 
     def _post(self, command: _Add | _Abort) -> None:
         with self._cond:
@@ -169,7 +186,7 @@ class AsyncEngine:
             pending, self._commands = self._commands, []
         events = self._core.abort_all(FinishReason.ERROR)
         events += [
-            Emitted(c.request_id, _error_event(len(c.prompt)))
+            Emitted(c.request_id, _final_event(len(c.prompt)))
             for c in pending
             if isinstance(c, _Add)
         ]
@@ -191,11 +208,12 @@ class AsyncEngine:
                     command.sampling,
                     command.priority,
                     command.arrival,
+                    command.grammar,
                 )
             except InvalidRequest:
                 # Validated before queueing; only a race on a reused id can land here.
                 log.warning("request rejected by the engine", exc_info=True)
-                events.append(Emitted(command.request_id, _error_event(len(command.prompt))))
+                events.append(Emitted(command.request_id, _final_event(len(command.prompt))))
         return events
 
     def _step(self) -> list[Emitted]:
@@ -234,12 +252,13 @@ def _coalesce(first: TokenEvent, queue: asyncio.Queue[TokenEvent]) -> TokenEvent
     return event
 
 
-def _error_event(prompt_tokens: int) -> TokenEvent:
+def _final_event(prompt_tokens: int, reason: FinishReason = FinishReason.ERROR) -> TokenEvent:
+    """The last event of a request that never produced a token."""
     return TokenEvent(
         token_ids=(),
         text_delta="",
         logprobs=None,
-        finish_reason=FinishReason.ERROR,
+        finish_reason=reason,
         prompt_tokens=prompt_tokens,
         completion_tokens=0,
         cached_tokens=0,

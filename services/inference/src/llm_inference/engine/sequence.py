@@ -5,10 +5,14 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from .api import FinishReason, SamplingOptions
+
+if TYPE_CHECKING:
+    from xgrammar import GrammarMatcher
 
 
 class SequenceStatus(enum.Enum):
@@ -46,6 +50,8 @@ class Sequence:
     num_preemptions: int = 0
     admitted_once: bool = False
     finish_reason: FinishReason | None = None
+    # Constrained decoding: has accepted every generated token (kept across preemption).
+    grammar: GrammarMatcher | None = None
     # Generated-token occurrences for the penalties, caught up lazily from token_ids (which
     # only grow), so every appender is covered and each token is counted once.
     _output_counts: Counter[int] = field(default_factory=Counter, init=False, repr=False)
