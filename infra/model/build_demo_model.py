@@ -45,7 +45,8 @@ SPECIAL_TOKENS = (BOS, EOS, PAD, *CHAT_MARKERS)
 # encode the rendered text with add_special_tokens=False (as apply_chat_template does).
 # With tools, a system turn lists them and asks for Hermes-style calls (the demo model's
 # tool_parser is hermes): <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>.
-# Assistant calls render as such blocks; tool results as <tool_response> in a user turn.
+# Assistant calls render as such blocks; tool results (which must name the call they answer)
+# as <tool_response> in a user turn.
 # A conversation without tools or tool messages renders as before.
 TOOLS_PREAMBLE = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
@@ -80,6 +81,8 @@ CHAT_TEMPLATE = (
     "{{ '\\n</tool_call>' }}"
     "{% endfor %}"
     "{{ eos_token + '\\n' }}"
+    "{% elif message['role'] == 'tool' and message['tool_call_id'] is not defined %}"
+    "{{ raise_exception('A tool message must answer a call (tool_call_id)') }}"
     "{% elif message['role'] == 'tool' %}"
     "{{ '<|user|>\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
     "{{ eos_token + '\\n' }}"

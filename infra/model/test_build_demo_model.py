@@ -151,6 +151,8 @@ def test_chat_template(hf: tuple[Any, Any]) -> None:
     assert ids.count(tok.bos_token_id) == 1
     with pytest.raises(Exception, match="Unsupported role"):
         tok.apply_chat_template([{"role": "function", "content": "x"}], tokenize=False)
+    with pytest.raises(Exception, match="must answer a call"):
+        tok.apply_chat_template([{"role": "tool", "content": "x"}], tokenize=False)
 
 
 def test_chat_template_renders_tools_calls_and_results(hf: tuple[Any, Any]) -> None:

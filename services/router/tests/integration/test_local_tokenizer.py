@@ -9,6 +9,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from llm_common.errors import InvalidArgument
 from llm_common.models_config import ModelCatalog
 from llm_common.testing import free_port
 from llm_common.tokenization.registry import ModelLoadError
@@ -62,15 +63,18 @@ async def test_raw_prompts_match_the_service(stack: Stack, text: str) -> None:
     assert await local_of(stack).encode(MODEL, text) == expected
 
 
-async def test_tool_turns_match_the_service(stack: Stack) -> None:
-    # The demo template renders tool results (a <tool_response> in a user turn); in-process
-    # and service renders agree on them as on every other turn.
+async def test_template_errors_match_the_service(stack: Stack) -> None:
+    # The demo template refuses a tool message that answers no call: the template's own
+    # refusal, an INVALID_ARGUMENT on "messages" either way.
     turns = messages([(USER, "Hi"), (common_pb2.ROLE_TOOL, "{}")])
     service = TokenizerClient(stack.tokenizer.channel, 5.0)
-    remote = await service.chat_prompt(MODEL, turns)
-    local = await local_of(stack).chat_prompt(MODEL, turns)
-    assert local == remote
-    assert len(local) > len(await service.chat_prompt(MODEL, turns[:1]))
+    with pytest.raises(InvalidArgument) as remote:
+        await service.chat_prompt(MODEL, turns)
+    with pytest.raises(InvalidArgument) as local:
+        await local_of(stack).chat_prompt(MODEL, turns)
+    assert local.value.violations == remote.value.violations
+    assert [v.field for v in local.value.violations] == ["messages"]
+    assert "must answer a call" in local.value.violations[0].description
 
 
 def with_missing_model(catalog: ModelCatalog, workdir: Path) -> ModelCatalog:

@@ -374,7 +374,7 @@ async def test_template_error_message_reaches_the_client(
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.ApplyChatTemplate(request)
     violation = parse_error(info.value).field_violations[0]
-    assert violation.description == "Unsupported role: tool"
+    assert violation.description == "A tool message must answer a call (tool_call_id)"
 
 
 async def test_out_of_vocabulary_description(stub: pb_grpc.TokenizerServiceAsyncStub) -> None:
