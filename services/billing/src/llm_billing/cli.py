@@ -1,4 +1,5 @@
-"""Command line: `serve` (default), `export` and `restore` of ledger snapshots."""
+"""Command line: `serve` (default), `export` and `restore` of ledger snapshots, and the usage
+store's `migrate`, `drain`, `reconcile` and `invoice` (store_cli.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TextIO
 from llm_billing.config import Settings
 from llm_billing.snapshot import export_snapshot, restore_snapshot
 from llm_billing.store import make_client
+from llm_billing.store_cli import STORE_COMMANDS, add_store_commands, run_store_command
 from llm_billing.workers import serve_workers
 from llm_common.logging import configure_logging
 
@@ -30,6 +32,7 @@ def parser() -> argparse.ArgumentParser:
     restore.add_argument(
         "--force", action="store_true", help="restore even if ledger keys exist (overwrites)"
     )
+    add_store_commands(commands)
     return p
 
 
@@ -44,6 +47,8 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     elif args.command == "restore":
         count = asyncio.run(_restore(settings, args.input, args.force))
         print(f"restored {count} keys", file=sys.stderr)
+    elif args.command in STORE_COMMANDS:
+        return run_store_command(settings, args)
     elif settings.workers > 1:
         return serve_workers(settings)
     else:

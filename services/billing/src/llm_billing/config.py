@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
 
-from llm_common.config import ConfigError, ServerSettings, env_float, env_int, env_str
+from llm_common.config import (
+    ConfigError,
+    ServerSettings,
+    env_bool,
+    env_float,
+    env_int,
+    env_str,
+)
 
 SERVICE_NAME = "billing"
 DEFAULT_GRPC_PORT = 50056
@@ -123,6 +130,66 @@ class RedisSettings:
         )
 
 
+_DB_SCHEMES = ("postgresql://", "postgresql+psycopg://", "postgres://", "sqlite:///")
+
+
+@dataclass(frozen=True, slots=True)
+class UsageStoreSettings:
+    """The durable SQL usage store fed by the Redis outbox (off when `database_url` is None)."""
+
+    database_url: str | None = None  # postgresql://... or sqlite:///path (secret: never logged)
+    batch_size: int = 500  # rows per INSERT batch (and per outbox read)
+    drain_interval_s: float = 0.5  # how often the outbox is drained when it was empty
+    timeout_s: float = 5.0  # connect / statement timeout of the database
+    pool_size: int = 4  # connections per process (PostgreSQL)
+    migrate: bool = True  # run the schema migrations at start-up (under an advisory lock)
+    reconcile_interval_s: float = 3600.0  # background reconciliation; 0 = off
+    reconcile_window_hours: int = 48  # hours (ending now) the background job compares
+
+    def __post_init__(self) -> None:
+        if self.database_url is not None and not self.database_url.startswith(_DB_SCHEMES):
+            raise ConfigError.for_variable(
+                "BILLING_DATABASE_URL", "must be a postgresql:// or sqlite:/// URL"
+            )
+        if not 1 <= self.batch_size <= 10_000:
+            raise ConfigError.for_variable("BILLING_OUTBOX_BATCH", "must be in 1..10000")
+        if self.drain_interval_s <= 0:
+            raise ConfigError.for_variable("BILLING_OUTBOX_INTERVAL_S", "must be > 0")
+        if self.timeout_s <= 0:
+            raise ConfigError.for_variable("BILLING_DATABASE_TIMEOUT_S", "must be > 0")
+        if not 1 <= self.pool_size <= 100:
+            raise ConfigError.for_variable("BILLING_DATABASE_POOL_SIZE", "must be in 1..100")
+        if self.reconcile_interval_s < 0:
+            raise ConfigError.for_variable("BILLING_RECONCILE_INTERVAL_S", "must be >= 0")
+        if not 1 <= self.reconcile_window_hours <= 24 * 366:
+            raise ConfigError.for_variable("BILLING_RECONCILE_WINDOW_HOURS", "must be in 1..8784")
+
+    @property
+    def enabled(self) -> bool:
+        return self.database_url is not None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        return cls(
+            database_url=env_str(environ, "BILLING_DATABASE_URL"),
+            batch_size=env_int(environ, "BILLING_OUTBOX_BATCH", 500, min_value=1, max_value=10_000),
+            drain_interval_s=env_float(
+                environ, "BILLING_OUTBOX_INTERVAL_S", 0.5, min_value=0.01, max_value=60.0
+            ),
+            timeout_s=env_float(
+                environ, "BILLING_DATABASE_TIMEOUT_S", 5.0, min_value=0.1, max_value=300.0
+            ),
+            pool_size=env_int(environ, "BILLING_DATABASE_POOL_SIZE", 4, min_value=1, max_value=100),
+            migrate=env_bool(environ, "BILLING_DATABASE_MIGRATE", True),
+            reconcile_interval_s=env_float(
+                environ, "BILLING_RECONCILE_INTERVAL_S", 3600.0, min_value=0.0, max_value=86_400.0
+            ),
+            reconcile_window_hours=env_int(
+                environ, "BILLING_RECONCILE_WINDOW_HOURS", 48, min_value=1, max_value=24 * 366
+            ),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the billing service (and its export/restore commands) needs."""
@@ -133,6 +200,7 @@ class Settings:
     ledger: LedgerSettings = field(default_factory=LedgerSettings)
     limits: Limits = field(default_factory=Limits)
     workers: int = 1  # server processes sharing GRPC_PORT (see workers.py)
+    usage_store: UsageStoreSettings = field(default_factory=UsageStoreSettings)
 
     def __post_init__(self) -> None:
         if not 1 <= self.workers <= MAX_WORKERS:
@@ -155,4 +223,5 @@ class Settings:
             ledger=LedgerSettings.from_env(environ),
             limits=Limits.from_env(environ),
             workers=env_int(environ, "BILLING_WORKERS", 1, min_value=1, max_value=MAX_WORKERS),
+            usage_store=UsageStoreSettings.from_env(environ),
         )

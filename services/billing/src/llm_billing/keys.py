@@ -9,6 +9,8 @@ one slot):
     bcfg:<scope>            hash  budget of a scope: period, hard, soft
     bal:<scope>:<period>    hash  sp (spent) and rs (reserved) micros in one period
     uh:<hour> / ud:<day>    hash  usage counters `<metric>|<dimension>` per UTC hour / day
+    uout                    stream the usage outbox: final usage of settled, expired and
+                                   refunded requests, for the SQL usage store (outbox.py)
 
 Scopes: `t` (the tenant) and `k:<key_id>`; periods: `d<day>`, `m<YYYYMM>`, `all`.
 Metrics: n (requests), pt, ct, ch (prompt, completion, cached tokens), c (cost micros).
@@ -55,6 +57,13 @@ class KeySpace:
 
     def usage_day(self, tenant: str, day: int) -> str:
         return f"{self.tenant_base(tenant)}ud:{day}"
+
+    def usage_outbox(self, tenant: str) -> str:
+        return f"{self.tenant_base(tenant)}uout"
+
+    def outbox_lock(self) -> str:
+        """Held by the one process that drains the outbox (or reconciles) at a time."""
+        return f"{self.prefix}uout-lock"
 
     def tenants(self) -> str:
         return f"{self.prefix}tenants"

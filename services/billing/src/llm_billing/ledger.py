@@ -159,8 +159,12 @@ class Ledger:
         *,
         clock: Callable[[], int] = now_ms,
         hot: Pipelined | None = None,
+        outbox: bool = False,
     ) -> None:
         self._client = client
+        # With the usage store on, the scripts append each final usage to the tenant's
+        # outbox stream in the same atomic step as the ledger change (see outbox.py).
+        self._outbox = outbox
         self._keys = keys
         self._prices = prices
         self._settings = settings
@@ -255,7 +259,7 @@ class Ledger:
         if tenant is None:
             return False
         released = await self._scripts.release(
-            keys=self._record_keys(tenant, request_id)[:2],
+            keys=self._release_keys(tenant, request_id),
             args=[self._keys.tenant_base(tenant), request_id, self._clock()],
         )
         return bool(int(released))
@@ -293,11 +297,11 @@ class Ledger:
         return [op.tenant_id or found[op.request_id] for op in ops]
 
     def _batch_command(self, op: BatchOp, tenant: str) -> Command:
-        keys = self._record_keys(tenant, op.request_id)
         base = self._keys.tenant_base(tenant)
         if isinstance(op, ReleaseInput):
-            sha = self._scripts.release.sha
-            return ["EVALSHA", sha, 2, *keys[:2], base, op.request_id, self._clock()]
+            sha, rkeys = self._scripts.release.sha, self._release_keys(tenant, op.request_id)
+            return ["EVALSHA", sha, len(rkeys), *rkeys, base, op.request_id, self._clock()]
+        keys = self._settle_keys(tenant, op.request_id)
         return ["EVALSHA", self._scripts.settle.sha, len(keys), *keys, *self._settle_args(op, base)]
 
     async def _batch_outcome(self, op: BatchOp, reply: Any) -> BatchOutcome:
@@ -317,8 +321,11 @@ class Ledger:
     async def expire_due(self, tenant_id: str, batch: int = SWEEP_BATCH) -> int:
         """Charge up to `batch` of the tenant's expired reservations; returns how many."""
         now = self._clock()
+        keys = [self._keys.open_reservations(tenant_id), self._keys.records_by_time(tenant_id)]
+        if self._outbox:
+            keys.append(self._keys.usage_outbox(tenant_id))
         count = await self._scripts.expire(
-            keys=[self._keys.open_reservations(tenant_id), self._keys.records_by_time(tenant_id)],
+            keys=keys,
             args=[
                 self._keys.tenant_base(tenant_id),
                 now,
@@ -352,6 +359,14 @@ class Ledger:
             self._keys.records_by_time(tenant),
         ]
 
+    def _settle_keys(self, tenant: str, request_id: str) -> list[str]:
+        keys = self._record_keys(tenant, request_id)
+        return [*keys, self._keys.usage_outbox(tenant)] if self._outbox else keys
+
+    def _release_keys(self, tenant: str, request_id: str) -> list[str]:
+        keys = self._record_keys(tenant, request_id)[:2]
+        return [*keys, self._keys.usage_outbox(tenant)] if self._outbox else keys
+
     async def _claim(self, request_id: str, tenant: str) -> None:
         """Bind the request id to the tenant (first writer wins) and register the tenant."""
         owner_key = self._keys.request_owner(request_id)
@@ -372,7 +387,7 @@ class Ledger:
         return None if owner is None else str(owner)
 
     async def _settle(self, tenant: str, s: SettleInput, extra: Sequence[str | int]) -> list[str]:
-        keys = self._record_keys(tenant, s.request_id)
+        keys = self._settle_keys(tenant, s.request_id)
         args = [*self._settle_args(s, self._keys.tenant_base(tenant)), *extra]
         command = ["EVALSHA", self._scripts.settle.sha, len(keys), *keys, *args]
         (reply,) = _raise_first(await self._run([command]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
 
 class BillingMetrics:
@@ -48,6 +48,45 @@ class BillingMetrics:
         self.expired = Counter(
             "llm_billing_expired_reservations",
             "Reservations charged at their reserved amount because they were not settled in time.",
+            registry=registry,
+        )
+        self.outbox_backlog = Gauge(
+            "llm_billing_usage_outbox_backlog",
+            "Usage outbox entries in Redis not yet written to the SQL usage store (set by the"
+            " process that drains the outbox; others report 0: aggregate with max).",
+            registry=registry,
+        )
+        self.outbox_oldest = Gauge(
+            "llm_billing_usage_outbox_oldest_seconds",
+            "Age of the oldest usage outbox entry not yet written to the store (0: none).",
+            registry=registry,
+        )
+        self.store_rows = Counter(
+            "llm_billing_usage_store_rows",
+            "Usage rows written (upserted) to the SQL usage store.",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "llm_billing_usage_store_errors",
+            "Failed usage store operations by op (write, read, migrate); writes are retried.",
+            ["op"],
+            registry=registry,
+        )
+        self.store_up = Gauge(
+            "llm_billing_usage_store_up",
+            "1 when the last usage store write succeeded, 0 while the database is unreachable.",
+            registry=registry,
+        )
+        self.reconcile_differences = Gauge(
+            "llm_billing_reconcile_differences",
+            "Tenant x key x model x hour cells where the Redis ledger and the usage store"
+            " differed in the last reconciliation.",
+            registry=registry,
+        )
+        self.reconcile_runs = Counter(
+            "llm_billing_reconcile_runs",
+            "Reconciliation runs by result: clean, differences, failed.",
+            ["result"],
             registry=registry,
         )
 

@@ -20,6 +20,7 @@ from llm_billing.service import BillingServicer
 from llm_billing.store import STORE_UNAVAILABLE, make_client, now_ms
 from llm_billing.sweeper import Sweeper
 from llm_billing.usage import UsageReader
+from llm_billing.usage_store import UsageStoreParts, build_usage_store
 from llm_common import server as common_server
 from llm_common.config import ConfigError
 from llm_common.logging import get_logger
@@ -49,9 +50,12 @@ class Billing:
     invoices: InvoiceExporter
     servicer: BillingServicer
     sweeper: Sweeper
+    usage_store: UsageStoreParts | None = None  # BILLING_DATABASE_URL set
 
     async def aclose(self) -> None:
-        """Close the ledger's hot-path connection and the Redis client."""
+        """Close the ledger's hot-path connection, the database pool and the Redis client."""
+        if self.usage_store is not None:
+            await self.usage_store.stop()
         await self.ledger.aclose()
         await self.client.aclose()
 
@@ -67,12 +71,20 @@ def build_billing(
     client = make_client(settings.redis)
     keys = KeySpace(settings.ledger.key_prefix)
     metrics = metrics or default_billing_metrics()
-    ledger = Ledger(client, keys, prices, settings.ledger, clock=clock)
+    store_on = settings.usage_store.enabled
+    ledger = Ledger(client, keys, prices, settings.ledger, clock=clock, outbox=store_on)
     budgets = Budgets(client, keys, prices.currency, clock=clock)
     usage, invoices = UsageReader(client, keys), InvoiceExporter(client, keys)
-    servicer = BillingServicer(ledger, budgets, usage, invoices, settings.limits, metrics)
+    parts = None
+    if store_on:
+        parts = build_usage_store(
+            settings.usage_store, settings.ledger, client, keys, prices.currency, metrics, clock
+        )
+    servicer = BillingServicer(
+        ledger, budgets, usage, invoices, settings.limits, metrics, usage_store=parts
+    )
     sweeper = Sweeper(ledger, settings.ledger.sweep_interval_s, metrics)
-    return Billing(client, ledger, budgets, usage, invoices, servicer, sweeper)
+    return Billing(client, ledger, budgets, usage, invoices, servicer, sweeper, parts)
 
 
 def build_spec(billing: Billing) -> ServiceSpec:
@@ -84,6 +96,11 @@ def build_spec(billing: Billing) -> ServiceSpec:
     async def on_start() -> None:
         await wait_for_redis(billing.client)
         billing.sweeper.start()
+        if billing.usage_store is not None:
+            # Migrations run here once; a database that is down does not stop billing from
+            # serving (settles only need Redis): the drainer migrates when it comes back.
+            await billing.usage_store.migrate()
+            billing.usage_store.start()
 
     async def on_stop() -> None:
         await billing.sweeper.stop()

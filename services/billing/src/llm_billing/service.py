@@ -14,12 +14,14 @@ from llm_billing import validation
 from llm_billing.budgets import Budgets, BudgetStatus
 from llm_billing.config import Limits
 from llm_billing.invoice import InvoiceExporter
+from llm_billing.invoicing import Invoice
 from llm_billing.ledger import BatchOutcome, Ledger, Reservation, ReserveInput, Settlement
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import Price
 from llm_billing.store import now_ms, store_errors
 from llm_billing.usage import UsageReader, UsageTotals
-from llm_common.errors import Internal, QuotaExceeded, ServiceError
+from llm_billing.usage_store import UsageStoreParts, database_errors
+from llm_common.errors import FailedPrecondition, Internal, QuotaExceeded, ServiceError
 from llm_common.logging import get_logger
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
@@ -43,8 +45,11 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         invoices: InvoiceExporter,
         limits: Limits,
         metrics: BillingMetrics,
+        *,
+        usage_store: UsageStoreParts | None = None,
     ) -> None:
         self._ledger = ledger
+        self._store = usage_store
         self._budgets = budgets
         self._usage = usage
         self._invoices = invoices
@@ -144,8 +149,11 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         self, request: pb.GetUsageRequest, context: Context
     ) -> pb.GetUsageResponse:
         query = validation.usage_query(request, self._limits)
-        async with store_errors():
-            report = await self._usage.usage(query)
+        if self._store is not None and self._store.reads_store(query.start_ms):
+            report = await self._store.usage(query)
+        else:
+            async with store_errors():
+                report = await self._usage.usage(query)
         return pb.GetUsageResponse(
             buckets=[_bucket(b.start_ms, b.totals) for b in report.buckets],
             total=_bucket(query.start_ms, report.total),
@@ -172,6 +180,10 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         self, request: pb.ExportUsageRequest, context: Context
     ) -> AsyncIterator[pb.ExportUsageResponse]:
         tenant_id, start_ms, end_ms = validation.export_range(request, self._limits)
+        if self._store is not None and self._store.reads_store(start_ms):
+            async for line in self._store.export(tenant_id, start_ms, end_ms):
+                yield pb.ExportUsageResponse(line=line)
+            return
         async with store_errors():
             async for line in self._invoices.lines(tenant_id, start_ms, end_ms):
                 yield pb.ExportUsageResponse(line=line)
@@ -182,6 +194,29 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         model = validation.price_model(request)
         prices = self._ledger.prices.current_and_scheduled(now_ms(), model)
         return pb.ListPricesResponse(prices=[_price(p) for p in prices])
+
+    async def CreateInvoice(  # noqa: N802
+        self, request: pb.CreateInvoiceRequest, context: Context
+    ) -> pb.CreateInvoiceResponse:
+        tenant_id, month = validation.invoice_ref(request)
+        parts = self._require_store()
+        async with store_errors(), database_errors():
+            invoice, created = await parts.invoicing.create(tenant_id, month)
+        return pb.CreateInvoiceResponse(invoice=invoice_pb(invoice), created=created)
+
+    async def GetInvoice(  # noqa: N802
+        self, request: pb.GetInvoiceRequest, context: Context
+    ) -> pb.GetInvoiceResponse:
+        tenant_id, month = validation.invoice_ref(request)
+        parts = self._require_store()
+        async with database_errors():
+            invoice = await parts.invoicing.get(tenant_id, month)
+        return pb.GetInvoiceResponse(invoice=invoice_pb(invoice))
+
+    def _require_store(self) -> UsageStoreParts:
+        if self._store is None:
+            raise FailedPrecondition("billing runs without a usage store (BILLING_DATABASE_URL)")
+        return self._store
 
     def _count_reservation(self, reservation: Reservation) -> None:
         if reservation.duplicate:
@@ -286,4 +321,31 @@ def _price(p: Price) -> pb.Price:
         cached_input_micros_per_mtok=p.cached_input_micros_per_mtok,
         currency=p.currency,
         effective_from=timestamp(p.effective_from_ms),
+    )
+
+
+def invoice_pb(i: Invoice) -> pb.Invoice:
+    return pb.Invoice(
+        invoice_id=i.invoice_id,
+        tenant_id=i.tenant_id,
+        month=i.month,
+        currency=i.currency,
+        requests=i.requests,
+        prompt_tokens=i.prompt_tokens,
+        cached_tokens=i.cached_tokens,
+        completion_tokens=i.completion_tokens,
+        total_micros=i.total_micros,
+        issued_at=timestamp(i.issued_at_ms),
+        lines=[
+            pb.InvoiceLine(
+                key_id=line.key_id,
+                model=line.model,
+                requests=line.requests,
+                prompt_tokens=line.prompt_tokens,
+                cached_tokens=line.cached_tokens,
+                completion_tokens=line.completion_tokens,
+                cost_micros=line.cost_micros,
+            )
+            for line in i.lines
+        ],
     )

@@ -139,12 +139,17 @@ async def _read_batch(
     async with client.pipeline(transaction=False) as pipe:
         for key, kind in zip(keys, types, strict=True):
             pipe.pttl(key)
-            _queue_read(pipe, key, kind)
+            if kind == "stream":
+                pipe.xlen(key)
+            else:
+                _queue_read(pipe, key, kind)
         replies = await pipe.execute()
     entries = []
     for i, (key, kind) in enumerate(zip(keys, types, strict=True)):
         ttl, value = replies[2 * i], replies[2 * i + 1]
         if kind == "none" or ttl == -2:  # deleted between SCAN and read
+            continue
+        if kind == "stream":  # the usage outbox: drain it to the store before exporting
             continue
         entries.append(
             {"key": key[len(prefix) :], "type": kind, "pttl": ttl, "value": _plain(kind, value)}

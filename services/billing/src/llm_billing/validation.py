@@ -179,6 +179,16 @@ def export_range(req: pb.ExportUsageRequest, limits: Limits) -> tuple[str | None
     return (req.tenant_id or None), start, end
 
 
+def invoice_ref(req: pb.CreateInvoiceRequest | pb.GetInvoiceRequest) -> tuple[str, str]:
+    """Tenant and month (YYYY-MM) of CreateInvoice / GetInvoice."""
+    v = Violations()
+    _identifier(v, "tenant_id", req.tenant_id)
+    if not re.fullmatch(r"\d{4}-(0[1-9]|1[0-2])", req.month):
+        v.add("month", "must be YYYY-MM")
+    v.raise_if_any()
+    return req.tenant_id, req.month
+
+
 def price_model(req: pb.ListPricesRequest) -> str | None:
     v = Violations()
     if req.model:

@@ -1,5 +1,6 @@
 -- Settle: record a request's actual usage and release what its reservation held.
--- KEYS: 1 record, 2 open reservations, 3 records by time
+-- KEYS: 1 record, 2 open reservations, 3 records by time, 4 (optional) the usage outbox
+--       stream: the final usage is appended to it in the same atomic step (see outbox.py)
 -- ARGV: 1 tenant base, 2 request id, 3 prompt tokens, 4 completion tokens,
 --       5 cached tokens, 6 finish reason, 7 now (ms);
 --       only to record usage without a reservation: 8 key id, 9 model, 10 input price,
@@ -9,7 +10,7 @@
 --       corrected} | {'missing'}
 local rec, rid = KEYS[1], ARGV[2]
 local f = {'st', 'k', 'm', 'pin', 'pout', 'pcach', 'pt0', 'mc', 'rs', 'hb', 'db', 'mb',
-  'cur', 'c', 'cr'}
+  'cur', 'c', 'cr', 'pfrom', 'at'}
 local r = redis.call('HMGET', rec, unpack(f))
 local state = r[1]
 if state == 'S' then return {'dup', r[14], r[13], r[15]} end
@@ -44,4 +45,9 @@ if state == 'E' or state == 'X' then corrected = '1' end
 redis.call('HSET', rec, 'st', 'S', 'pt', ARGV[3], 'ct', ARGV[4], 'ch', ARGV[5], 'fr', ARGV[6],
   'c', fmt(charged), 'sa', ARGV[7], 'cr', corrected)
 redis.call('ZREM', KEYS[2], rid)
+if KEYS[4] then
+  redis.call('XADD', KEYS[4], '*', 'r', rid, 'st', 'S', 'k', key, 'm', model, 'pt', ARGV[3],
+    'ct', ARGV[4], 'ch', ARGV[5], 'c', fmt(charged), 'cur', r[13], 'pf', r[16] or '0', 'at', r[17] or '0',
+    'sa', ARGV[7], 'hb', r[10], 'cr', corrected, 'fr', ARGV[6])
+end
 return {'ok', fmt(charged), r[13], corrected, unreserved}

@@ -945,3 +945,200 @@ class ListPricesResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ListPricesResponse: _TypeAlias = ListPricesResponse  # noqa: Y015
+
+@_typing.final
+class CreateInvoiceRequest(_message.Message):
+    """Invoice creation for one tenant and UTC calendar month."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    MONTH_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    month: _builtins.str
+    """YYYY-MM, e.g. 2026-11."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        month: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["month", b"month", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateInvoiceRequest: _TypeAlias = CreateInvoiceRequest  # noqa: Y015
+
+@_typing.final
+class CreateInvoiceResponse(_message.Message):
+    """The issued invoice."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOICE_FIELD_NUMBER: _builtins.int
+    CREATED_FIELD_NUMBER: _builtins.int
+    created: _builtins.bool
+    """False when the invoice had already been issued (it is returned unchanged)."""
+    @_builtins.property
+    def invoice(self) -> Global___Invoice: ...
+    def __init__(
+        self,
+        *,
+        invoice: Global___Invoice | None = ...,
+        created: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["invoice", b"invoice"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created", b"created", "invoice", b"invoice"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreateInvoiceResponse: _TypeAlias = CreateInvoiceResponse  # noqa: Y015
+
+@_typing.final
+class GetInvoiceRequest(_message.Message):
+    """Invoice query."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    MONTH_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    month: _builtins.str
+    """YYYY-MM."""
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+        month: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["month", b"month", "tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetInvoiceRequest: _TypeAlias = GetInvoiceRequest  # noqa: Y015
+
+@_typing.final
+class GetInvoiceResponse(_message.Message):
+    """The invoice."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOICE_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def invoice(self) -> Global___Invoice: ...
+    def __init__(
+        self,
+        *,
+        invoice: Global___Invoice | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["invoice", b"invoice"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["invoice", b"invoice"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetInvoiceResponse: _TypeAlias = GetInvoiceResponse  # noqa: Y015
+
+@_typing.final
+class Invoice(_message.Message):
+    """A tenant's usage of one month, charged requests admitted in that month
+    (released requests charge nothing), from the durable usage store. The total
+    is the exact sum of the lines, and each line the exact sum of its requests'
+    costs, in micro-units.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INVOICE_ID_FIELD_NUMBER: _builtins.int
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    MONTH_FIELD_NUMBER: _builtins.int
+    CURRENCY_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    TOTAL_MICROS_FIELD_NUMBER: _builtins.int
+    ISSUED_AT_FIELD_NUMBER: _builtins.int
+    LINES_FIELD_NUMBER: _builtins.int
+    invoice_id: _builtins.str
+    """inv-<tenant_id>-<month>."""
+    tenant_id: _builtins.str
+    month: _builtins.str
+    currency: _builtins.str
+    requests: _builtins.int
+    prompt_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    completion_tokens: _builtins.int
+    total_micros: _builtins.int
+    @_builtins.property
+    def issued_at(self) -> _timestamp_pb2.Timestamp: ...
+    @_builtins.property
+    def lines(self) -> _containers.RepeatedCompositeFieldContainer[Global___InvoiceLine]:
+        """One line per key and model, ordered by key, then model."""
+
+    def __init__(
+        self,
+        *,
+        invoice_id: _builtins.str = ...,
+        tenant_id: _builtins.str = ...,
+        month: _builtins.str = ...,
+        currency: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        total_micros: _builtins.int = ...,
+        issued_at: _timestamp_pb2.Timestamp | None = ...,
+        lines: _abc.Iterable[Global___InvoiceLine] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["issued_at", b"issued_at"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "currency", b"currency", "invoice_id", b"invoice_id", "issued_at", b"issued_at", "lines", b"lines", "month", b"month", "prompt_tokens", b"prompt_tokens", "requests", b"requests", "tenant_id", b"tenant_id", "total_micros", b"total_micros"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Invoice: _TypeAlias = Invoice  # noqa: Y015
+
+@_typing.final
+class InvoiceLine(_message.Message):
+    """Usage of one key (empty: requests without a key) and model in an invoice."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    REQUESTS_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_FIELD_NUMBER: _builtins.int
+    CACHED_TOKENS_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_FIELD_NUMBER: _builtins.int
+    COST_MICROS_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    model: _builtins.str
+    requests: _builtins.int
+    prompt_tokens: _builtins.int
+    cached_tokens: _builtins.int
+    completion_tokens: _builtins.int
+    cost_micros: _builtins.int
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        model: _builtins.str = ...,
+        requests: _builtins.int = ...,
+        prompt_tokens: _builtins.int = ...,
+        cached_tokens: _builtins.int = ...,
+        completion_tokens: _builtins.int = ...,
+        cost_micros: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cached_tokens", b"cached_tokens", "completion_tokens", b"completion_tokens", "cost_micros", b"cost_micros", "key_id", b"key_id", "model", b"model", "prompt_tokens", b"prompt_tokens", "requests", b"requests"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvoiceLine: _TypeAlias = InvoiceLine  # noqa: Y015

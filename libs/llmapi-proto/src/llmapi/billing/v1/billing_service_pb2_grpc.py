@@ -99,6 +99,16 @@ class BillingServiceStub:
                 request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ListPricesRequest.SerializeToString,
                 response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ListPricesResponse.FromString,
                 _registered_method=True)
+        self.CreateInvoice = channel.unary_unary(
+                '/llmapi.billing.v1.BillingService/CreateInvoice',
+                request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.CreateInvoiceRequest.SerializeToString,
+                response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.CreateInvoiceResponse.FromString,
+                _registered_method=True)
+        self.GetInvoice = channel.unary_unary(
+                '/llmapi.billing.v1.BillingService/GetInvoice',
+                request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceRequest.SerializeToString,
+                response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceResponse.FromString,
+                _registered_method=True)
 
 
 class BillingServiceServicer:
@@ -208,6 +218,24 @@ class BillingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateInvoice(self, request, context):
+        """Issue a tenant's invoice for a month from the durable usage store (admin).
+        Idempotent: an invoice is issued once and never changes; calling again
+        returns it with created = false. FAILED_PRECONDITION while the month (and
+        the reservation TTL after it) is not over or when billing runs without a
+        usage store; UNAVAILABLE when the usage store is unreachable.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetInvoice(self, request, context):
+        """An issued invoice; NOT_FOUND when none was issued for the month.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BillingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -260,6 +288,16 @@ def add_BillingServiceServicer_to_server(servicer, server):
                     servicer.ListPrices,
                     request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ListPricesRequest.FromString,
                     response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ListPricesResponse.SerializeToString,
+            ),
+            'CreateInvoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateInvoice,
+                    request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.CreateInvoiceRequest.FromString,
+                    response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.CreateInvoiceResponse.SerializeToString,
+            ),
+            'GetInvoice': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetInvoice,
+                    request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceRequest.FromString,
+                    response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -547,6 +585,60 @@ class BillingService:
             '/llmapi.billing.v1.BillingService/ListPrices',
             llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ListPricesRequest.SerializeToString,
             llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ListPricesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateInvoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.billing.v1.BillingService/CreateInvoice',
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.CreateInvoiceRequest.SerializeToString,
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.CreateInvoiceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetInvoice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.billing.v1.BillingService/GetInvoice',
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceRequest.SerializeToString,
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceResponse.FromString,
             options,
             channel_credentials,
             insecure,

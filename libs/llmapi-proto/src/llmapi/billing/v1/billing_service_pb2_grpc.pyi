@@ -91,6 +91,15 @@ class BillingServiceStub:
     """Usage records as CSV lines (header first), for invoicing."""
     ListPrices: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.ListPricesRequest, _billing_service_pb2.ListPricesResponse]
     """The prices in force."""
+    CreateInvoice: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.CreateInvoiceRequest, _billing_service_pb2.CreateInvoiceResponse]
+    """Issue a tenant's invoice for a month from the durable usage store (admin).
+    Idempotent: an invoice is issued once and never changes; calling again
+    returns it with created = false. FAILED_PRECONDITION while the month (and
+    the reservation TTL after it) is not over or when billing runs without a
+    usage store; UNAVAILABLE when the usage store is unreachable.
+    """
+    GetInvoice: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetInvoiceRequest, _billing_service_pb2.GetInvoiceResponse]
+    """An issued invoice; NOT_FOUND when none was issued for the month."""
 
 @_typing.type_check_only
 class BillingServiceAsyncStub(BillingServiceStub):
@@ -155,6 +164,15 @@ class BillingServiceAsyncStub(BillingServiceStub):
     """Usage records as CSV lines (header first), for invoicing."""
     ListPrices: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.ListPricesRequest, _billing_service_pb2.ListPricesResponse]  # type: ignore[assignment]
     """The prices in force."""
+    CreateInvoice: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.CreateInvoiceRequest, _billing_service_pb2.CreateInvoiceResponse]  # type: ignore[assignment]
+    """Issue a tenant's invoice for a month from the durable usage store (admin).
+    Idempotent: an invoice is issued once and never changes; calling again
+    returns it with created = false. FAILED_PRECONDITION while the month (and
+    the reservation TTL after it) is not over or when billing runs without a
+    usage store; UNAVAILABLE when the usage store is unreachable.
+    """
+    GetInvoice: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetInvoiceRequest, _billing_service_pb2.GetInvoiceResponse]  # type: ignore[assignment]
+    """An issued invoice; NOT_FOUND when none was issued for the month."""
 
 class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
     """BillingService meters usage in two phases, idempotent by request id:
@@ -276,5 +294,26 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_billing_service_pb2.ListPricesResponse, _abc.Awaitable[_billing_service_pb2.ListPricesResponse]]:
         """The prices in force."""
+
+    @_abc_1.abstractmethod
+    def CreateInvoice(
+        self,
+        request: _billing_service_pb2.CreateInvoiceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_billing_service_pb2.CreateInvoiceResponse, _abc.Awaitable[_billing_service_pb2.CreateInvoiceResponse]]:
+        """Issue a tenant's invoice for a month from the durable usage store (admin).
+        Idempotent: an invoice is issued once and never changes; calling again
+        returns it with created = false. FAILED_PRECONDITION while the month (and
+        the reservation TTL after it) is not over or when billing runs without a
+        usage store; UNAVAILABLE when the usage store is unreachable.
+        """
+
+    @_abc_1.abstractmethod
+    def GetInvoice(
+        self,
+        request: _billing_service_pb2.GetInvoiceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_billing_service_pb2.GetInvoiceResponse, _abc.Awaitable[_billing_service_pb2.GetInvoiceResponse]]:
+        """An issued invoice; NOT_FOUND when none was issued for the month."""
 
 def add_BillingServiceServicer_to_server(servicer: BillingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
