@@ -9,6 +9,7 @@ import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,6 +43,7 @@ def scratch_database(server: str = SHARED) -> Iterator[str]:
     try:
         yield f"{server}/{name}"
     finally:
+        admin.dispose()  # a pooled connection may not have survived a restart of the server
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
@@ -83,13 +85,19 @@ class PrivatePostgres:
 
 
 @contextmanager
-def private_postgres(folder: Path) -> Iterator[PrivatePostgres]:
+def private_postgres() -> Iterator[PrivatePostgres]:
+    """A server in a new folder of /tmp (pytest's are private to root; the server runs as
+    the postgres user when the tests run as root), removed afterwards."""
     if shutil.which("initdb") is None or shutil.which("pg_ctl") is None:
         pytest.skip("initdb / pg_ctl not installed")
-    pg = PrivatePostgres(folder)
-    pg.start()
+    folder = Path(tempfile.mkdtemp(prefix="billing-pg-"))
     try:
-        yield pg
+        pg = PrivatePostgres(folder)
+        pg.start()
+        try:
+            yield pg
+        finally:
+            with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
+                pg.stop("immediate")
     finally:
-        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
-            pg.stop("immediate")
+        shutil.rmtree(folder, ignore_errors=True)
