@@ -77,6 +77,13 @@ def _auth_listeners(ports: LocalPorts) -> dict[str, str]:
     return env
 
 
+def billing_database_url(config: StackConfig) -> str:
+    """Billing's usage store: BILLING_DATABASE_URL when set (e.g. a PostgreSQL), else SQLite
+    (WAL) in the run directory."""
+    url = os.environ.get("BILLING_DATABASE_URL", "").strip()
+    return url or f"sqlite:///{config.run_dir / 'billing' / 'usage.db'}"
+
+
 def core_specs(shared: Shared) -> list[ProcessSpec]:
     """auth, tokenizer, cache, billing and the router (which reaches them through the mesh)."""
     c, prefix = shared.config, shared.config.redis_prefix
@@ -97,7 +104,8 @@ def core_specs(shared: Shared) -> list[ProcessSpec]:
         | {"CACHE_KEY_PREFIX": f"{prefix}llmcache:", "CACHE_ENCODER_THREADS": "1"}
         | {"OMP_NUM_THREADS": "1"},
         "billing": redis
-        | {"PRICES_CONFIG": str(c.prices_config), "BILLING_KEY_PREFIX": f"{prefix}billing:"},
+        | {"PRICES_CONFIG": str(c.prices_config), "BILLING_KEY_PREFIX": f"{prefix}billing:"}
+        | {"BILLING_DATABASE_URL": billing_database_url(c)},
         "router": {
             "TOKENIZER_SERVICE_ADDR": shared.mesh,
             "CACHE_SERVICE_ADDR": shared.mesh,
