@@ -17,7 +17,7 @@ TYPED := libs/llm-common/src $(wildcard services/*/src infra/envoy/src infra/loc
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
         test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare \
-        bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-router \
+        bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
         bench-stack bench-load
 
 help: ## list the targets
@@ -107,6 +107,9 @@ bench-cache: model ## lookup latency, semantic hit and false-hit rates → bench
 
 bench-billing: setup ## Reserve+Settle throughput and latency → bench/results/billing.json
 	$(PY) bench/bench_billing.py
+
+bench-usage-store: setup ## usage store writes, outbox drain, settle p50/p99 store on/off → bench/results/usage_store.json
+	$(PY) bench/bench_usage_store.py
 
 bench-router: model ## router overhead, prefix-affinity TTFT → bench/results/router.json
 	$(PY) bench/bench_router.py
