@@ -4,26 +4,33 @@ nothing, reconciliation, invoices, and GetUsage / ExportUsage from the store."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import grpc
 import pytest
 import redis.asyncio
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
-from llm_billing.config import UsageStoreSettings
+from llm_billing.cli import run
+from llm_billing.config import Settings, UsageStoreSettings
 from llm_billing.invoicing import create_invoice
 from llm_billing.ledger import Admission, ReserveInput, SettleInput, Usage
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import PriceBook
-from llm_billing.server import Billing, build_billing
+from llm_billing.server import Billing, build_billing, build_spec
+from llm_billing.service import timestamp
 from llm_billing.timeutil import HOUR_MS
 from llm_billing.usage import Granularity, UsageQuery
 from llm_billing.usagedb import usage_records
+from llm_common.testing import running_server
+from llmapi.billing.v1 import billing_service_pb2 as pb
+from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 
 from .pg import scratch_database
 
@@ -247,3 +254,64 @@ async def test_invoice_reports_and_export_from_the_store(
     from_redis = [line async for line in billing.invoices.lines(None, NOV_10 - HOUR_MS, DEC_01)]
     assert from_store == from_redis
     assert len(from_store) == 1 + sum(1 for v in expected.values() if v[3] != "released")
+
+
+async def test_invoice_rpcs_and_command(
+    settings: Settings,
+    prices: PriceBook,
+    database_url: str,
+    redis_client: redis.asyncio.Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    clock = Clock(NOV_10)
+    own = dataclasses.replace(settings, usage_store=UsageStoreSettings(database_url=database_url))
+    built = build_billing(own, prices, metrics=BillingMetrics(CollectorRegistry()), clock=clock)
+    async with running_server(build_spec(built), settings=own.server) as running:
+        stub = pb_grpc.BillingServiceStub(running.channel)
+        total = 0
+        for i in range(30):
+            settle = pb.SettleRequest(
+                request_id=f"inv-{i}", tenant_id="acme", key_id=f"k{i % 2}", model="odd",
+                prompt_tokens=1000 + i, completion_tokens=77 * i, cached_tokens=i,
+                admitted_at=timestamp(NOV_10 - i * 3_600_000),
+            )  # fmt: skip
+            total += (await stub.Settle(settle)).charged_micros
+        ref = pb.CreateInvoiceRequest(tenant_id="acme", month="2026-11")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.CreateInvoice(ref)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # November is not over
+        clock.ms = DEC_01 + 3 * HOUR_MS
+        first = await stub.CreateInvoice(ref)
+        assert first.created
+        assert first.invoice.total_micros == total
+        assert first.invoice.requests == 30
+        assert {(line.key_id, line.model) for line in first.invoice.lines} == {
+            ("k0", "odd"),
+            ("k1", "odd"),
+        }
+        assert sum(line.cost_micros for line in first.invoice.lines) == total
+        again = await stub.CreateInvoice(ref)
+        assert not again.created
+        assert again.invoice == first.invoice
+        got = await stub.GetInvoice(pb.GetInvoiceRequest(tenant_id="acme", month="2026-11"))
+        assert got.invoice == first.invoice
+        bad = (
+            ("2026-10", grpc.StatusCode.NOT_FOUND),
+            ("2026-13", grpc.StatusCode.INVALID_ARGUMENT),
+        )
+        for month, code in bad:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await stub.GetInvoice(pb.GetInvoiceRequest(tenant_id="acme", month=month))
+            assert err.value.code() == code
+    environ = {
+        "REDIS_URL": own.redis.url,
+        "BILLING_KEY_PREFIX": own.ledger.key_prefix,
+        "PRICES_CONFIG": str(own.prices_config),
+        "BILLING_DATABASE_URL": database_url,
+        "LOG_LEVEL": "WARNING",
+    }
+    command = ["invoice", "--tenant", "acme", "--month", "2026-11"]
+    assert await asyncio.to_thread(run, command, environ) == 0
+    out = capsys.readouterr().out
+    assert "already issued" in out
+    assert f" {total} " in out.splitlines()[-1]
