@@ -18,7 +18,7 @@ TYPED := libs/llm-common/src $(wildcard services/*/src infra/envoy/src infra/loc
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
         test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
-        bench-stack bench-load
+        bench-stack bench-load bench-structured
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -113,6 +113,9 @@ bench-usage-store: setup ## usage store writes, outbox drain, settle p50/p99 sto
 
 bench-router: model ## router overhead, prefix-affinity TTFT → bench/results/router.json
 	$(PY) bench/bench_router.py
+
+bench-structured: model ## JSON-schema decoding vs unconstrained, mask/compile time, coverage → bench/results/structured.json
+	$(PY) bench/bench_structured.py
 
 constraints: ## re-pin constraints.txt from the current venv
 	{ echo "# Exact pins for every dependency (pip -c constraints.txt). Regenerate with 'make constraints'."; \
