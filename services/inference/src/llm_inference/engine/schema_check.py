@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from decimal import ROUND_CEILING, Decimal
 from itertools import combinations
 from typing import Any
 
@@ -154,6 +155,12 @@ class _Walk:
             schema.get("type") != "integer" or type(schema["multipleOf"]) is not int
         ):
             raise self.fail("multipleOf", path, 'enforced only as an integer on "type": "integer"')
+        if schema.get("type") != "integer" and not _holds_a_decimal(schema):
+            # xgrammar writes numbers with at most 6 fraction digits: a range holding none
+            # compiles to an empty rule, and the output would not be JSON.
+            raise self.fail(
+                "minimum", path, f"the range holds no number with at most {DECIMALS} decimals"
+            )
 
     def strings(self, schema: dict[str, Any], path: str) -> None:
         fmt = schema.get("format")
@@ -250,10 +257,15 @@ class _Walk:
         resolved = [self.follow(b) for b in branches]
         if not all(isinstance(b, dict) for b in resolved):
             return False
+        # Every pair apart, each by any criterion (null vs objects by type, objects by a const).
+        return all(self.separated(a, b) for a, b in combinations(resolved, 2))
+
+    def separated(self, a: dict[str, Any], b: dict[str, Any]) -> bool:
+        """Whether no JSON value matches both branches (by type, value or discriminator)."""
         return (
-            _pairwise_disjoint([_types(b) for b in resolved])
-            or _pairwise_disjoint([_values(b) for b in resolved])
-            or self.discriminated(resolved)
+            _pairwise_disjoint([_types(a), _types(b)])
+            or _pairwise_disjoint([_values(a), _values(b)])
+            or self.discriminated([a, b])
         )
 
     def discriminated(self, branches: Sequence[dict[str, Any]]) -> bool:
@@ -301,6 +313,23 @@ def pattern_problem(pattern: str) -> str | None:
     ):
         return "it can match a quote, backslash or control character literally (emitted unescaped)"
     return None
+
+
+DECIMALS = 6
+
+
+def _holds_a_decimal(schema: Mapping[str, Any]) -> bool:
+    """Whether the bounds admit a number with at most DECIMALS fraction digits."""
+    low = schema.get("exclusiveMinimum", schema.get("minimum"))
+    high = schema.get("exclusiveMaximum", schema.get("maximum"))
+    if not (_is_number(low) and _is_number(high)):
+        return True  # a half-open range always holds one
+    step = Decimal(1).scaleb(-DECIMALS)
+    first = (Decimal(repr(low)) / step).to_integral_value(rounding=ROUND_CEILING) * step
+    if "exclusiveMinimum" in schema and first == Decimal(repr(low)):
+        first += step
+    top = Decimal(repr(high))
+    return first < top if "exclusiveMaximum" in schema else first <= top
 
 
 def _is_number(value: Any) -> bool:

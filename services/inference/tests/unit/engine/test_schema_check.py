@@ -156,3 +156,40 @@ def test_looping_refs_in_one_of_terminate() -> None:
 )
 def test_patterns_that_could_emit_raw_characters(pattern: str, safe: bool) -> None:
     assert (pattern_problem(pattern) is None) is safe
+
+
+def test_one_of_branches_may_be_told_apart_by_different_criteria() -> None:
+    # GeoJSON's nullable geometry: null apart by type, the two objects by their "type" const.
+    point = {
+        "type": "object",
+        "properties": {"type": {"const": "Point"}},
+        "required": ["type"],
+    }
+    line = {
+        "type": "object",
+        "properties": {"type": {"const": "LineString"}},
+        "required": ["type"],
+    }
+    check_schema({"oneOf": [{"type": "null"}, point, line]}, "f")
+    with pytest.raises(InvalidRequest, match="oneOf"):
+        check_schema({"oneOf": [{"type": "null"}, point, {"type": "object"}]}, "f")
+
+
+@pytest.mark.parametrize(
+    ("bounds", "holds"),
+    [
+        ({"minimum": 0.1, "maximum": 0.1}, True),
+        ({"minimum": 0, "maximum": 1e-7}, True),
+        ({"exclusiveMinimum": 0, "exclusiveMaximum": 1e-6}, False),
+        ({"minimum": 1.0000001, "maximum": 1.0000009}, False),
+    ],
+)
+def test_number_ranges_must_hold_a_six_decimal_number(
+    bounds: dict[str, float], holds: bool
+) -> None:
+    schema = {"type": "number", **bounds}
+    if holds:
+        check_schema(schema, "f")
+    else:
+        with pytest.raises(InvalidRequest, match="6 decimals"):
+            check_schema(schema, "f")
