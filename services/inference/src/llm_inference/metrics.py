@@ -84,6 +84,7 @@ class InferenceMetrics:
         self.model = model
         self.registry = registry if registry is not None else REGISTRY
         self._load: LoadCollector | None = None
+        self._extra: list[Collector] = []
         labels = ["model_name"]
         reg = self.registry
         self.ttft = Histogram(
@@ -135,6 +136,15 @@ class InferenceMetrics:
         if self._load is not None:
             self.registry.unregister(self._load)
             self._load = None
+        for collector in self._extra:
+            self.registry.unregister(collector)
+        self._extra.clear()
+
+    def watch(self, collector: Collector) -> None:
+        """Export another scrape-time collector (e.g. the engine's grammar counters) until
+        `unwatch_load`."""
+        self.registry.register(collector)
+        self._extra.append(collector)
 
     def finished(self, event: TokenEvent) -> None:
         """Record a request's last event (finish_reason set)."""

@@ -24,6 +24,8 @@ from llm_inference.deployment import (
 )
 from llm_inference.embedding.encoder import SentenceEncoder
 from llm_inference.embedding.runtime import EmbeddingRuntime
+from llm_inference.engine.engine import AsyncEngine
+from llm_inference.grammar_metrics import GrammarCollector
 from llm_inference.metrics import InferenceMetrics
 from llm_inference.service import Generation, InferenceServicer
 from llm_inference.token_bytes import TokenBytes, token_bytes_table
@@ -72,6 +74,13 @@ async def _load_generation(
     async def on_start() -> None:
         await backend.start()
         metrics.watch_load(servicer.load)
+        if isinstance(backend, AsyncEngine):  # the torch engine's own constrained decoding
+            core = backend.core
+            metrics.watch(
+                GrammarCollector(
+                    deployment.name, lambda: core.grammar_stats, lambda: core.grammars.stats
+                )
+            )
 
     async def on_stop() -> None:
         metrics.unwatch_load()

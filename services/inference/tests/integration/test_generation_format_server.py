@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import pytest
 import pytest_asyncio
+from prometheus_client import REGISTRY
 
 from llm_common.errors import ErrorDetails, parse_error
 from llm_common.testing import RunningServer, running_server, settings_for_tests
@@ -98,6 +99,17 @@ async def test_json_schema_output_parses(stub: pb_grpc.InferenceServiceAsyncStub
     value = json.loads("".join(m.text_delta for m in messages))
     assert value["color"] in ("red", "green")
     assert 0 <= value["n"] <= 9
+
+
+async def test_grammar_counters_are_exported(stub: pb_grpc.InferenceServiceAsyncStub) -> None:
+    fmt = common_pb2.OutputFormat(json_schema=json.dumps(SCHEMA))
+    for attempt in range(2):  # the second compile of the same schema is a cache hit
+        await generate(stub, request(f"metrics-{attempt}", fmt, temperature=0.0))
+    labels = {"model_name": "demo-llama"}
+    sample = REGISTRY.get_sample_value
+    assert (sample("llm_inference_grammar_compiles_total", {**labels, "result": "hit"}) or 0) >= 1
+    assert (sample("llm_inference_grammar_masked_rows_total", labels) or 0) > 0
+    assert sample("llm_inference_grammar_mask_ms", {**labels, "quantile": "0.99"}) is not None
 
 
 async def test_unsupported_schema_is_invalid_argument_and_serving_goes_on(
