@@ -28,7 +28,7 @@ from llm_billing.usagedb import UsageRow, UsageStore
 from llm_common.logging import get_logger
 
 TENANT_CHUNK = 500
-LOCK_TTL_MS = 30_000
+MIN_LOCK_TTL_MS = 5_000  # a crashed drainer's lease expires within max(this, 3 intervals)
 MAX_BACKOFF_S = 30.0
 STOP_TIMEOUT_S = 10.0
 _STATUS = {"E": "expired", "X": "released"}
@@ -104,6 +104,7 @@ class UsageOutbox:
         self._interval_s = interval_s
         self._clock = clock
         self._prepare = prepare  # e.g. the schema migration: False = not ready, retry later
+        self._lock_ttl_ms = max(MIN_LOCK_TTL_MS, round(3 * interval_s * 1000))
         self._token = secrets.token_hex(8)
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
@@ -130,9 +131,10 @@ class UsageOutbox:
                     oldest = ms if oldest is None else min(oldest, ms)
         return Backlog(entries, oldest)
 
-    async def drain(self, tenant: str | None = None) -> int:
+    async def drain(self, tenant: str | None = None, *, hold_lock: bool = False) -> int:
         """Write everything waiting (of one tenant, or all) to the store; returns the rows
-        written. Database errors propagate (the entries stay in the outbox)."""
+        written. Database errors propagate (the entries stay in the outbox). `hold_lock`:
+        renew the drain lock after each batch (a long drain keeps it)."""
         if self._prepare is not None and not await self._prepare():
             raise StoreNotReadyError("usage store schema not ready")
         tenants = [tenant] if tenant is not None else await self.tenants()
@@ -143,6 +145,8 @@ class UsageOutbox:
                 if not batch.rows:
                     return written
                 written += await self._write(batch)
+                if hold_lock:
+                    await self._lock()
 
     async def _read(self, tenants: list[str]) -> _Batch:
         """Up to a batch of entries, from as many tenants as it takes."""
@@ -205,7 +209,7 @@ class UsageOutbox:
             self._metrics.outbox_backlog.set(0)
             self._metrics.outbox_oldest.set(0)
             return 0
-        written = await self.drain()
+        written = await self.drain(hold_lock=True)
         backlog = await self.backlog()
         self._metrics.outbox_backlog.set(backlog.entries)
         age = 0.0 if backlog.oldest_ms is None else self._clock() - backlog.oldest_ms / 1000
@@ -214,10 +218,10 @@ class UsageOutbox:
 
     async def _lock(self) -> bool:
         key = self._keys.outbox_lock()
-        if await self._client.set(key, self._token, nx=True, px=LOCK_TTL_MS):
+        if await self._client.set(key, self._token, nx=True, px=self._lock_ttl_ms):
             return True
         if await self._client.get(key) == self._token:
-            await self._client.pexpire(key, LOCK_TTL_MS)
+            await self._client.pexpire(key, self._lock_ttl_ms)
             return True
         return False
 
