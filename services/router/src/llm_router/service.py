@@ -201,8 +201,14 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     ) -> AsyncIterator[StreamMessage]:
         """The generation as stream messages: usage on the last, cache info on each choice's
         first."""
+        usages: list[common_pb2.Usage] = []
         async for emitted in self._stream(parsed, context, stream=True):
             generation, chunk = emitted.generation, emitted.chunk
+            if chunk.usage is not None and parsed.choices > 1:
+                # One usage for the request (every choice), on its very last message.
+                usages.append(chunk.usage)
+                usage = merged_usage(usages) if len(usages) == parsed.choices else None
+                chunk = dataclasses.replace(chunk, usage=usage)
             message = message_type(
                 request_id=generation.request_id,
                 model=generation.model,
@@ -231,17 +237,8 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
                     async for emitted in only:
                         yield emitted
                 return
-            usages: list[common_pb2.Usage] = []
             async for tagged in interleaved(streams):
-                emitted = tagged.item
-                if emitted.chunk.usage is not None:
-                    # One usage for the request, on its very last message.
-                    usages.append(emitted.chunk.usage)
-                    usage = merged_usage(usages) if len(usages) == len(streams) else None
-                    emitted = dataclasses.replace(
-                        emitted, chunk=dataclasses.replace(emitted.chunk, usage=usage)
-                    )
-                yield emitted
+                yield tagged.item
 
     async def _read(
         self, parsed: GenerationRequest, generation: Generation, index: int
@@ -271,18 +268,24 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         if len(requests) == 1:
             return [await self._open(parsed, caller, stream=stream)]
         request_id = _request_id(parsed.request_id)
+        # The first choice is placed (and its prompt prefilled) before the others start: prefix
+        # affinity then sends them to its replica, whose prefix cache holds the prompt's blocks.
+        first = await self._d.pipeline.open(
+            requests[0], caller, request_id=request_id, stream=stream
+        )
         opening = [
             asyncio.ensure_future(
                 self._d.pipeline.open(r, caller, request_id=request_id, stream=stream)
             )
-            for r in requests
+            for r in requests[1:]
         ]
         try:
-            return list(await asyncio.gather(*opening))
+            return [first, *await asyncio.gather(*opening)]
         except BaseException:
             for task in opening:
                 task.cancel()
             await asyncio.gather(*opening, return_exceptions=True)
+            first.abandon()
             for task in opening:
                 if not task.cancelled() and task.exception() is None:
                     task.result().abandon()

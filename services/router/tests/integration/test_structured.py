@@ -155,17 +155,26 @@ async def test_json_schema_output_validates(router: Router, stack: Stack) -> Non
         jsonschema.validate(json.loads(reply.message.content), PERSON)
 
 
-async def test_n_choices_are_returned_and_billed(router: Router, stack: Stack) -> None:
+async def test_n_choices_are_returned_billed_and_share_the_prompt(
+    router: Router, stack: Stack
+) -> None:
     caller = await stack.tenant()
     params = common_pb2.SamplingParams(temperature=1.0, seed=11, max_tokens=6, ignore_eos=True, n=3)
-    reply = await router.stub.Chat(chat(sampling=params), metadata=caller.metadata)
+    # A prompt of several KV blocks no earlier test sent: only the siblings can find it cached.
+    ask = user(f"{caller.tenant} " + "Tell me about the lighthouse keeper and the sea. " * 8)
+    reply = await router.stub.Chat(chat(messages=[ask], sampling=params), metadata=caller.metadata)
     assert [c.index for c in reply.choices] == [0, 1, 2]
     assert reply.message.content == reply.choices[0].message.content
     assert reply.usage.completion_tokens == 18
     usage = await billed(stack, caller.tenant, 3)
     assert usage.completion_tokens == 18
+    assert usage.prompt_tokens == 3 * reply.usage.prompt_tokens
+    # Choices 2 and 3 reuse the first one's full prompt blocks (prefilled once, then shared).
+    full_blocks = (reply.usage.prompt_tokens - 1) // 16 * 16
+    assert full_blocks >= 64
+    assert usage.cached_tokens >= 2 * full_blocks
     stream_request = pb.ChatStreamRequest()
-    stream_request.ParseFromString(chat(sampling=params).SerializeToString())
+    stream_request.ParseFromString(chat(messages=[ask], sampling=params).SerializeToString())
     messages = [m async for m in router.stub.ChatStream(stream_request, metadata=caller.metadata)]
     for index, choice in enumerate(reply.choices):
         text = "".join(m.delta for m in messages if m.index == index)
