@@ -26,6 +26,9 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+# The tools section the default template renders, so both speak to models alike.
+from llm_common.tokenization.chat_template import TOOLS_INSTRUCTION, TOOLS_PREAMBLE
+
 log = logging.getLogger("build_demo_model")
 
 # Bump when the output format or content changes, so existing checkpoints are rebuilt.
@@ -48,15 +51,6 @@ SPECIAL_TOKENS = (BOS, EOS, PAD, *CHAT_MARKERS)
 # Assistant calls render as such blocks; tool results (which must name the call they answer)
 # as <tool_response> in a user turn.
 # A conversation without tools or tool messages renders as before.
-TOOLS_PREAMBLE = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
-)
-TOOLS_INSTRUCTION = (
-    "\n</tools>\n\nFor each function call, return a json object with function name and "
-    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
-    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
-)
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
     "{% if tools %}"
@@ -345,6 +339,7 @@ def inputs_digest() -> str:
     h = hashlib.sha256()
     h.update(f"v{BUILD_VERSION} {torch.__version__} {tokenizers.__version__}".encode())
     h.update(f" {safetensors.__version__}".encode())
+    h.update(CHAT_TEMPLATE.encode())  # parts of it come from llm_common
     corpus = sorted(p for p in CORPUS_DIR.iterdir() if p.is_file())
     for path in [Path(__file__).resolve(), *corpus]:
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
