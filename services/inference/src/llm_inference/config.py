@@ -51,6 +51,9 @@ class EngineSettings:
     tensor_parallel_size: int = 1  # tensorrt_llm only
     pipeline_parallel_size: int = 1  # tensorrt_llm only
     seed: int = 0
+    # tensorrt_llm: build the LLM with xgrammar guided decoding (output formats); off, a request
+    # with sampling.format is INVALID_ARGUMENT. The torch engine always constrains.
+    constrained_decoding: bool = True
 
     def __post_init__(self) -> None:
         _one_of("INFERENCE_BACKEND", self.backend, BACKENDS)
@@ -79,6 +82,9 @@ class EngineSettings:
             prefix_caching=env_bool(environ, "INFERENCE_PREFIX_CACHING", defaults.prefix_caching),
             quantization=env_str(environ, "INFERENCE_QUANTIZATION", defaults.quantization).lower(),
             seed=env_int(environ, "INFERENCE_SEED", defaults.seed, min_value=0),
+            constrained_decoding=env_bool(
+                environ, "INFERENCE_CONSTRAINED_DECODING", defaults.constrained_decoding
+            ),
             **ints,
         )
 

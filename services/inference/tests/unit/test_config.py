@@ -60,6 +60,7 @@ def test_every_variable_is_read() -> None:
         "INFERENCE_TENSOR_PARALLEL_SIZE": "2",
         "INFERENCE_PIPELINE_PARALLEL_SIZE": "2",
         "INFERENCE_SEED": "7",
+        "INFERENCE_CONSTRAINED_DECODING": "false",
         "INFERENCE_MAX_STOP_STRINGS": "4",
         "INFERENCE_MAX_EMBED_INPUTS": "8",
         "INFERENCE_EMBED_BATCH_SIZE": "4",
@@ -85,6 +86,7 @@ def test_every_variable_is_read() -> None:
         tensor_parallel_size=2,
         pipeline_parallel_size=2,
         seed=7,
+        constrained_decoding=False,
     )
     assert settings.limits.max_stop_strings == 4
     assert settings.limits.max_embed_inputs == 8

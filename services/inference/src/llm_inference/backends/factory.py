@@ -64,6 +64,7 @@ def build_backend(
             max_batched_tokens=engine.max_batched_tokens,
             gpu_memory_fraction=engine.gpu_memory_fraction,
             enable_block_reuse=engine.prefix_caching,
+            constrained_decoding=engine.constrained_decoding,
         )
         return TrtLlmBackend(config)
     from llm_inference.engine.engine import AsyncEngine
