@@ -16,6 +16,7 @@ from llm_common.config import (
     env_int,
     env_str,
 )
+from llm_common.redis_conn import URL_PREFIXES, is_cluster_url, redis_url_from_env
 
 SERVICE_NAME = "billing"
 DEFAULT_GRPC_PORT = 50056
@@ -110,9 +111,12 @@ class RedisSettings:
     url: str
     max_connections: int = 64  # pool size; callers wait for a free connection beyond it
     timeout_s: float = 2.0  # connect and per-command socket timeout
+    # Reserve/Settle are acknowledged once this many replicas have them (WAIT); 0: no wait.
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 250
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+        if not self.url.startswith(URL_PREFIXES):
             raise ConfigError.for_variable(
                 "REDIS_URL", "must be a redis://, rediss:// or unix:// URL"
             )
@@ -120,12 +124,18 @@ class RedisSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         return cls(
-            url=env_str(environ, "REDIS_URL", required=True),
+            url=(url := redis_url_from_env(environ, None)),
             max_connections=env_int(
                 environ, "BILLING_REDIS_MAX_CONNECTIONS", 64, min_value=1, max_value=10_000
             ),
             timeout_s=env_float(
                 environ, "BILLING_REDIS_TIMEOUT_S", 2.0, min_value=0.01, max_value=60.0
+            ),
+            wait_replicas=env_int(
+                environ, "BILLING_WAIT_REPLICAS", int(is_cluster_url(url)), min_value=0, max_value=8
+            ),
+            wait_timeout_ms=env_int(
+                environ, "BILLING_WAIT_TIMEOUT_MS", 250, min_value=1, max_value=60_000
             ),
         )
 

@@ -68,7 +68,7 @@ class BillingMetrics:
         )
         self.store_errors = Counter(
             "llm_billing_usage_store_errors",
-            "Failed usage store operations by op (write, read, migrate); writes are retried.",
+            "Failed usage store operations by op (write, migrate); both are retried.",
             ["op"],
             registry=registry,
         )
@@ -89,6 +89,10 @@ class BillingMetrics:
             ["result"],
             registry=registry,
         )
+        for result in ("clean", "differences", "failed"):  # exported as 0 from the start
+            self.reconcile_runs.labels(result)
+        for op in ("write", "migrate"):
+            self.store_errors.labels(op)
 
 
 @functools.cache

@@ -14,6 +14,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from llm_billing.config import RedisSettings
 from llm_common.errors import Unavailable
 from llm_common.logging import get_logger
+from llm_common.redis_conn import cluster_client, is_cluster_url
 
 RETRY_AFTER_S = 1.0
 # Failures that say "the store is not there right now", not "this request is wrong".
@@ -31,7 +32,15 @@ def make_client(settings: RedisSettings) -> redis.asyncio.Redis:
     """A client with a bounded pool: callers wait (up to the timeout) for a free connection.
 
     A command that finds its connection broken (e.g. Redis restarted) is retried on a fresh
-    one; that is safe because every ledger operation is idempotent."""
+    one; that is safe because every ledger operation is idempotent. A `redis+cluster://`
+    URL: a RedisCluster (it follows MOVED/ASK and failovers)."""
+    if is_cluster_url(settings.url):
+        return cluster_client(
+            settings.url,
+            timeout_s=settings.timeout_s,
+            max_connections=settings.max_connections,
+            decode_responses=True,
+        )
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         settings.url,
         max_connections=settings.max_connections,

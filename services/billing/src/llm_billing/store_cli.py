@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -65,7 +66,7 @@ async def _run(settings: Settings, args: argparse.Namespace) -> int:
             print("usage store schema is current")
             return 0
         if not await parts.migrate():
-            print("llm-billing: the usage store is unreachable")
+            print("llm-billing: the usage store is unreachable", file=sys.stderr)
             return 1
         return await _command(parts, args)
     finally:
@@ -93,7 +94,7 @@ async def _command(parts: UsageStoreParts, args: argparse.Namespace) -> int:
             invoice, created = await parts.invoicing.create(args.tenant, args.month)
             print("issued" if created else "already issued")
     except ServiceError as err:
-        print(f"llm-billing: {err}")
+        print(f"llm-billing: {err}", file=sys.stderr)
         return 1
     for line in format_invoice(invoice):
         print(line)

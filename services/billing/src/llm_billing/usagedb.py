@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -265,6 +266,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     from alembic import command
     from alembic.config import Config
 
+    # Alembic announces each of its plugins at INFO: keep its migration lines only.
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
     with _migration_lock(engine) as conn:
         config = Config()
         config.set_main_option("script_location", migrations_folder())
