@@ -28,6 +28,7 @@ from llm_billing.usagedb import UsageRow, UsageStore
 from llm_common.logging import get_logger
 
 TENANT_CHUNK = 500
+ROUND_BATCHES = 20  # batches per background round before the backlog is published again
 MIN_LOCK_TTL_MS = 5_000  # a crashed drainer's lease expires within max(this, 3 intervals)
 MAX_BACKOFF_S = 30.0
 STOP_TIMEOUT_S = 10.0
@@ -131,22 +132,26 @@ class UsageOutbox:
                     oldest = ms if oldest is None else min(oldest, ms)
         return Backlog(entries, oldest)
 
-    async def drain(self, tenant: str | None = None, *, hold_lock: bool = False) -> int:
-        """Write everything waiting (of one tenant, or all) to the store; returns the rows
-        written. Database errors propagate (the entries stay in the outbox). `hold_lock`:
-        renew the drain lock after each batch (a long drain keeps it)."""
+    async def drain(
+        self, tenant: str | None = None, *, hold_lock: bool = False, max_batches: int = 0
+    ) -> int:
+        """Write everything waiting (of one tenant, or all; at most `max_batches` batches when
+        > 0) to the store; returns the rows written. Database errors propagate (the entries
+        stay in the outbox). `hold_lock`: renew the drain lock after each batch."""
         if self._prepare is not None and not await self._prepare():
             raise StoreNotReadyError("usage store schema not ready")
         tenants = [tenant] if tenant is not None else await self.tenants()
-        written = 0
+        written, batches = 0, 0
         async with self._write_lock:
-            while True:
+            while not max_batches or batches < max_batches:
+                batches += 1
                 batch = await self._read(tenants)
                 if not batch.rows:
                     return written
                 written += await self._write(batch)
                 if hold_lock:
                     await self._lock()
+            return written
 
     async def _read(self, tenants: list[str]) -> _Batch:
         """Up to a batch of entries, from as many tenants as it takes."""
@@ -203,13 +208,14 @@ class UsageOutbox:
             await self._client.eval(_UNLOCK, 1, self._keys.outbox_lock(), self._token)
 
     async def drain_round(self) -> int:
-        """One round if this process holds (or takes) the drain lock: drain, then publish the
-        backlog. Redis or database errors propagate."""
+        """One round if this process holds (or takes) the drain lock: drain (at most
+        ROUND_BATCHES batches, so the backlog is published under sustained load too), then
+        publish the backlog. Redis or database errors propagate."""
         if not await self._lock():
             self._metrics.outbox_backlog.set(0)
             self._metrics.outbox_oldest.set(0)
             return 0
-        written = await self.drain(hold_lock=True)
+        written = await self.drain(hold_lock=True, max_batches=ROUND_BATCHES)
         backlog = await self.backlog()
         self._metrics.outbox_backlog.set(backlog.entries)
         age = 0.0 if backlog.oldest_ms is None else self._clock() - backlog.oldest_ms / 1000
@@ -230,10 +236,12 @@ class UsageOutbox:
         failing = False
         while not self._stopping.is_set():
             try:
-                await self.drain_round()
+                written = await self.drain_round()
                 if failing:
-                    _log.info("usage store reachable again; outbox drained")
+                    _log.info("usage store reachable again; draining the outbox")
                 failing, delay = False, self._interval_s
+                if written >= ROUND_BATCHES * self._batch_size:
+                    continue  # more is waiting: the next round at once
             except Exception as exc:
                 if not failing:
                     _log.warning("usage outbox drain failed; retrying", error=type(exc).__name__)
