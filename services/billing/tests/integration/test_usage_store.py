@@ -295,6 +295,17 @@ async def test_invoice_rpcs_and_command(
         assert again.invoice == first.invoice
         got = await stub.GetInvoice(pb.GetInvoiceRequest(tenant_id="acme", month="2026-11"))
         assert got.invoice == first.invoice
+        # Older than the record retention: GetUsage and ExportUsage answer from the store.
+        clock.ms = NOV_10 + 40 * 24 * HOUR_MS
+        since, until = timestamp(NOV_10 - 40 * HOUR_MS), timestamp(DEC_01)
+        usage = await stub.GetUsage(
+            pb.GetUsageRequest(tenant_id="acme", start_time=since, end_time=until)
+        )
+        assert (usage.total.requests, usage.total.cost_micros) == (30, total)
+        export = pb.ExportUsageRequest(tenant_id="acme", start_time=since, end_time=until)
+        lines = [reply.line async for reply in stub.ExportUsage(export)]
+        assert len(lines) == 31
+        assert sum(int(line.split(",")[10]) for line in lines[1:]) == total
         bad = (
             ("2026-10", grpc.StatusCode.NOT_FOUND),
             ("2026-13", grpc.StatusCode.INVALID_ARGUMENT),
