@@ -6,15 +6,15 @@ import time
 from dataclasses import dataclass
 
 from llm_common.models_config import ModelSpec
-from llm_router import input_guard
-from llm_router.admission import NOTHING, Admitter, billing_id
-from llm_router.dispatch import Dispatcher
-from llm_router.identity import SCOPE_EMBEDDING, Caller
-from llm_router.model_routing import EMBEDDING, ModelRouter
+from llm_router.admission.admit import NOTHING, Admitter, billing_id
+from llm_router.api.identity import SCOPE_EMBEDDING, Caller
 from llm_router.observability import RouterMetrics, access_log, digest, phase
-from llm_router.policies import PolicyBook
 from llm_router.requests import EmbedRequest
-from llm_router.settlement import Outcome, Settler
+from llm_router.routing.dispatch import Dispatcher
+from llm_router.routing.models import EMBEDDING, ModelRouter
+from llm_router.safety import input_guard
+from llm_router.safety.policies import PolicyBook
+from llm_router.settlement.settle import Outcome, Settler
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 

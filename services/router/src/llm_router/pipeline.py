@@ -11,22 +11,23 @@ from llm_common.errors import FieldViolation, InvalidArgument, ServiceError, Una
 from llm_common.logging import get_logger
 from llm_common.models_config import Deployment, ModelSpec
 from llm_common.tools import forced_format
-from llm_router import input_guard
-from llm_router.admission import NOTHING, Admitter, billing_id
+from llm_router.admission.admit import NOTHING, Admitter, billing_id
+from llm_router.api.identity import SCOPE_COMPLETION, Caller
+from llm_router.api.validation import check_max_tokens, fits_context
 from llm_router.background import Background
-from llm_router.clients import CacheClient, PromptIds, TokenizerClient
-from llm_router.dispatch import Dispatcher, Started
-from llm_router.generation import CachedSource, Generation, LiveSource, RequestInfo
-from llm_router.identity import SCOPE_COMPLETION, Caller
-from llm_router.model_routing import AUTO_MODEL, GENERATION, ModelRouter
-from llm_router.near_cache import near_key
-from llm_router.near_feed import NearCacheParts
+from llm_router.cache.lookup import CacheLookup
+from llm_router.cache.near_feed import NearCacheParts
+from llm_router.clients.cache import CacheClient
+from llm_router.generation.relay import Generation, RequestInfo
+from llm_router.generation.sources import CachedSource, LiveSource
 from llm_router.observability import RouterMetrics, phase
-from llm_router.policies import PolicyBook, TenantPolicy
 from llm_router.requests import GenerationRequest, Kind
-from llm_router.settlement import Admission, Settler
-from llm_router.speculation import Speculation
-from llm_router.validation import check_max_tokens, fits_context
+from llm_router.routing.dispatch import Dispatcher, Started
+from llm_router.routing.models import AUTO_MODEL, GENERATION, ModelRouter
+from llm_router.safety import input_guard
+from llm_router.safety.policies import PolicyBook, TenantPolicy
+from llm_router.settlement.settle import Admission, Settler
+from llm_router.tokens.prompt import PromptIds, PromptTokenizer
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 from llmapi.common.v1 import common_pb2
 
@@ -43,7 +44,7 @@ class Prepared:
     deployments: list[Deployment]
     request: GenerationRequest  # after the input guard
     # Pending while `prompt` is the router's own tokenization: the tokenizer service's ids,
-    # which must equal it before anything is admitted (see TokenizerClient.chat_prompt_ids).
+    # which must equal it before anything is admitted (see PromptTokenizer.chat_prompt_ids).
     confirm: asyncio.Future[list[int]] | None = None
 
 
@@ -67,7 +68,7 @@ class Pipeline:
         *,
         router: ModelRouter,
         policies: PolicyBook,
-        tokenizer: TokenizerClient,
+        tokenizer: PromptTokenizer,
         admitter: Admitter,
         cache: CacheClient | None,
         dispatcher: Dispatcher,
@@ -79,10 +80,10 @@ class Pipeline:
         speculate_below_hit_rate: float = 0.0,
         near: NearCacheParts | None = None,
     ) -> None:
-        self._near = near
         self._overlap = overlap_admission
         self._lookup_grace_s = lookup_grace_s
-        self._speculation = Speculation(speculate_below_hit_rate)
+        self._lookups = CacheLookup(cache, metrics, near, speculate_below_hit_rate)
+        self._speculation = self._lookups.speculation
         self._router = router
         self._policies = policies
         self._tokenizer = tokenizer
@@ -136,12 +137,14 @@ class Pipeline:
             stream=stream,
             started=started,
         )
-        key = self._cache_key(prepared, caller)
+        key = self._lookups.key(
+            prepared.request, caller, prepared.spec.name, prepared.prompt, prepared.sampling
+        )
         if overlap:
             return await self._open_overlapped(prepared, policy, info, key)
         admission = await self._admit(prepared, caller, policy)
         try:
-            hit = await self._lookup(prepared.request, key)
+            hit = await self._lookups.lookup(prepared.request, key)
             if hit is not None:
                 return self._generation(info, CachedSource(hit), policy, admission, key)
             placed = await self._dispatch(prepared, info.stream)
@@ -171,7 +174,7 @@ class Pipeline:
             # admission's own Python runs: the prefill is the long pole, not the reservations.
             await asyncio.sleep(0)
         admit = asyncio.ensure_future(self._admit(prepared, info.caller, policy))
-        lookup = asyncio.ensure_future(self._lookup(prepared.request, key))
+        lookup = asyncio.ensure_future(self._lookups.lookup(prepared.request, key))
         try:
             if dispatch is None:
                 grace_s = self._speculation.grace_s(self._lookup_grace_s)
@@ -269,7 +272,7 @@ class Pipeline:
         return self._rebind(prepared, ids, caller)
 
     def _rebind(self, prepared: Prepared, ids: list[int], caller: Caller) -> Prepared:
-        self._metrics.speculated.labels("mismatch").inc()  # TokenizerClient logs it
+        self._metrics.speculated.labels("mismatch").inc()  # PromptTokenizer logs it
         spec, request = prepared.spec, prepared.request
         return self._bind(spec, ids, self._fit(spec, ids, request), request, caller)
 
@@ -405,87 +408,6 @@ class Pipeline:
             cache=store,
             cache_key=key,
         )
-
-    def _cache_key(self, prepared: Prepared, caller: Caller) -> cache_pb.CacheKey | None:
-        request = prepared.request
-        if self._cache is None or request.cache.bypass:
-            return None
-        if not (request.deterministic or request.cache.store_nondeterministic):
-            return None
-        key = cache_pb.CacheKey(
-            tenant_id=caller.tenant_id,
-            model=prepared.spec.name,
-            prompt_token_ids=prepared.prompt,
-            sampling=prepared.sampling,
-        )
-        if request.kind is Kind.CHAT:
-            key.messages.extend(request.messages)
-            key.tools.extend(request.tools)
-        else:
-            key.prompt = request.prompt
-        return key
-
-    async def _lookup(
-        self, request: GenerationRequest, key: cache_pb.CacheKey | None
-    ) -> cache_pb.LookupResponse | None:
-        if self._cache is None or key is None:
-            self._metrics.cache.labels("bypass").inc()
-            return None
-        options = cache_pb.LookupOptions(
-            semantic=request.cache.semantic,
-            allow_nondeterministic=request.cache.store_nondeterministic,
-        )
-        if request.cache.similarity_threshold is not None:
-            options.similarity_threshold = request.cache.similarity_threshold
-        lookup = cache_pb.LookupRequest(key=key, options=options)
-        if self._near is None:
-            return await self._remote_lookup(lookup)
-        near, reporter = self._near.cache, self._near.reporter
-        near_id = near_key(lookup)
-        kept = near.get(near_id)
-        if kept is not None:
-            reporter.record(key.tenant_id, kept.entry_id)
-            self._metrics.near_cache.labels("hit").inc()
-            self._count_lookup("exact")
-            return kept
-        since = near.begin()
-        response = await self._remote_lookup(lookup)
-        if response is not None and response.kind == cache_pb.HIT_KIND_EXACT:
-            kept_now = near.put(near_id, response, since)
-            self._metrics.near_cache.labels("stored" if kept_now else "not_stored").inc()
-        return response
-
-    async def _remote_lookup(
-        self, lookup: cache_pb.LookupRequest
-    ) -> cache_pb.LookupResponse | None:
-        with phase(self._metrics, "cache_lookup"):
-            started = time.perf_counter()
-            try:
-                response = await self._cache_client().lookup(lookup)
-                self._speculation.latency.observe(time.perf_counter() - started)
-            except ServiceError as err:
-                # The cache is optional: any failure is a miss.
-                self._metrics.cache.labels("error").inc()
-                _log.info("cache lookup failed", code=err.code.name)
-                return None
-        kind = _HIT_LABELS.get(response.kind, "miss")
-        self._count_lookup(kind)
-        return response if kind in ("exact", "semantic") else None
-
-    def _count_lookup(self, kind: str) -> None:
-        self._metrics.cache.labels(kind).inc()
-        self._speculation.hits.observe(kind in ("exact", "semantic"))
-
-    def _cache_client(self) -> CacheClient:
-        assert self._cache is not None
-        return self._cache
-
-
-_HIT_LABELS = {
-    cache_pb.HIT_KIND_EXACT: "exact",
-    cache_pb.HIT_KIND_SEMANTIC: "semantic",
-    cache_pb.HIT_KIND_MISS: "miss",
-}
 
 
 def _abandon_reason(error: BaseException) -> str:

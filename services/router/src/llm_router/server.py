@@ -17,41 +17,38 @@ from llm_common.models_config import ModelCatalog, load_catalog
 from llm_common.outbox import Outbox
 from llm_common.resilience import AsyncBreaker
 from llm_common.server import BuiltServer, ServiceSpec
-from llm_router.admission import Admitter
-from llm_router.attestation import Attestation, AttestationWatcher
+from llm_router.admission.admit import Admitter
+from llm_router.admission.quota_lease import QuotaLeases
+from llm_router.admission.quota_memo import UnlimitedKeys
+from llm_router.api.servicer import LLMServicer, ServiceDeps
 from llm_router.background import Background
-from llm_router.batching import BatchShape
-from llm_router.billing_outbox import BillingSpool
-from llm_router.clients import (
-    BillingClient,
-    CacheClient,
-    InferenceClient,
-    QuotaClient,
-    ReplicaChannels,
-    SettleBatcher,
-    TokenizerClient,
-    new_breaker,
-)
+from llm_router.cache.near import NearCache
+from llm_router.cache.near_feed import HitReporter, NearCacheFeed, NearCacheParts
+from llm_router.clients.batching import BatchShape
+from llm_router.clients.billing import BillingClient, SettleBatcher
+from llm_router.clients.cache import CacheClient
+from llm_router.clients.calls import new_breaker
+from llm_router.clients.inference import InferenceClient, ReplicaChannels
+from llm_router.clients.quota import QuotaClient
+from llm_router.clients.tokenizer import TokenizerClient
 from llm_router.config import Settings
-from llm_router.dispatch import Dispatcher
 from llm_router.embedder import Embedder
-from llm_router.load import LoadBoard
-from llm_router.load_watch import LoadWatcher
-from llm_router.local_tokenizer import TokenizeMode, load_local
-from llm_router.model_routing import ModelRouter
-from llm_router.near_cache import NearCache
-from llm_router.near_feed import HitReporter, NearCacheFeed, NearCacheParts
 from llm_router.observability import RouterMetrics
 from llm_router.openai_http import OpenAIHttp, start_openai_http
 from llm_router.pipeline import Pipeline
-from llm_router.policies import PolicyBook, load_policies
-from llm_router.prefix import AffinityTable
-from llm_router.quota_lease import QuotaLeases
-from llm_router.quota_memo import UnlimitedKeys
-from llm_router.selection import ReplicaSelector
-from llm_router.service import LLMServicer, ServiceDeps
-from llm_router.settlement import Settler
-from llm_router.token_memo import TokenMemo
+from llm_router.routing.dispatch import Dispatcher
+from llm_router.routing.load import LoadBoard
+from llm_router.routing.load_watch import LoadWatcher
+from llm_router.routing.models import ModelRouter
+from llm_router.routing.prefix import AffinityTable
+from llm_router.routing.selection import ReplicaSelector
+from llm_router.safety.policies import PolicyBook, load_policies
+from llm_router.settlement.outbox import BillingSpool
+from llm_router.settlement.settle import Settler
+from llm_router.tokens.attestation import Attestation, AttestationWatcher
+from llm_router.tokens.local import TokenizeMode, load_local
+from llm_router.tokens.memo import TokenMemo
+from llm_router.tokens.prompt import PromptTokenizer
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
 
@@ -80,7 +77,7 @@ class Runtime:
     selector: ReplicaSelector
     watcher: LoadWatcher
     attesting: AttestationWatcher
-    tokenizer: TokenizerClient
+    tokenizer: PromptTokenizer
     spool: BillingSpool
     settler: Settler
     leases: QuotaLeases | None
@@ -185,9 +182,9 @@ async def build_runtime(
             audits=metrics.tokenizer_audits,
             rng=rng,
         )
-    tokenizer = TokenizerClient(
-        channel(d.tokenizer_addr),
-        d.call_timeout_s,
+    tokenizer_service = TokenizerClient(channel(d.tokenizer_addr), d.call_timeout_s)
+    tokenizer = PromptTokenizer(
+        tokenizer_service,
         memo,
         metrics.token_memo,
         local=None if speculate else local,
@@ -313,7 +310,7 @@ async def build_runtime(
         board=board,
         selector=selector,
         watcher=watcher,
-        attesting=AttestationWatcher(attestation, tokenizer.fingerprint),
+        attesting=AttestationWatcher(attestation, tokenizer_service.fingerprint),
         tokenizer=tokenizer,
         spool=spool,
         settler=settler,

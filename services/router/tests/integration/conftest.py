@@ -43,9 +43,11 @@ from llm_inference.config import Limits as InferenceLimits
 from llm_inference.config import Settings as InferenceSettings
 from llm_inference.metrics import InferenceMetrics
 from llm_inference.server import load_service
-from llm_router.config import DownstreamSettings, RoutingSettings, Settings
+from llm_router.clients.settings import DownstreamSettings
+from llm_router.config import Settings
 from llm_router.observability import RouterMetrics
-from llm_router.policies import PolicyBook
+from llm_router.routing.settings import RoutingSettings
+from llm_router.safety.policies import PolicyBook
 from llm_router.server import Runtime, build_runtime
 from llm_tokenizer.config import Limits as TokenizerLimits
 from llm_tokenizer.server import build_spec as tokenizer_spec

@@ -15,12 +15,12 @@ import pytest
 from llm_common.models_config import Deployment
 from llm_common.testing import RunningServer, bytes_service, running_server
 from llm_router.background import Background
-from llm_router.clients import InferenceClient, ReplicaChannels
-from llm_router.dispatch import Placed, Started
-from llm_router.generation import LiveSource
-from llm_router.load import Ticket
-from llm_router.replica_stream import GenerateCall
-from llm_router.selection import Choice
+from llm_router.clients.inference import InferenceClient, ReplicaChannels
+from llm_router.generation.sources import LiveSource
+from llm_router.routing.dispatch import Placed, Started
+from llm_router.routing.load import Ticket
+from llm_router.routing.replica_stream import GenerateCall
+from llm_router.routing.selection import Choice
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as inf_grpc

@@ -14,10 +14,10 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from llm_router.admission.quota_lease import LeaseSettings, QuotaLeases
 from llm_router.background import Background
-from llm_router.clients import QuotaClient
+from llm_router.clients.quota import QuotaClient
 from llm_router.observability import RouterMetrics
-from llm_router.quota_lease import LeaseSettings, QuotaLeases
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

@@ -21,11 +21,12 @@ from llm_common.models_config import ModelCatalog
 from llm_common.server import ServiceSpec
 from llm_common.testing import RunningServer, free_port, running_server, settings_for_tests
 from llm_common.tokenization.registry import load_registry
-from llm_router.attestation import AttestationSettings
-from llm_router.clients import TokenizerClient
+from llm_router.clients.tokenizer import TokenizerClient
 from llm_router.config import Settings
-from llm_router.local_tokenizer import TokenizeMode, load_local
-from llm_router.token_memo import MemoSettings, TokenMemo
+from llm_router.tokens.attestation import AttestationSettings
+from llm_router.tokens.local import TokenizeMode, load_local
+from llm_router.tokens.memo import MemoSettings, TokenMemo
+from llm_router.tokens.prompt import PromptTokenizer
 from llm_tokenizer.config import Limits as TokenizerLimits
 from llm_tokenizer.service import TokenizerServicer
 from llmapi.common.v1 import common_pb2
@@ -220,7 +221,7 @@ async def test_no_service_no_admission(stack: Stack, tmp_path: Path) -> None:
 async def test_client_answers_at_once_then_confirms(stack: Stack) -> None:
     local = load_local(stack.catalog, TokenizeMode.SPECULATE)
     memo = TokenMemo(MemoSettings())
-    client = TokenizerClient(stack.tokenizer.channel, 5.0, memo, speculative=local)
+    client = PromptTokenizer(TokenizerClient(stack.tokenizer.channel, 5.0), memo, speculative=local)
     messages = chat("Memo me").messages
     first = await client.chat_prompt_ids(MODEL, messages, tenant="t1")
     assert first.confirm is not None
@@ -235,7 +236,7 @@ async def test_client_answers_at_once_then_confirms(stack: Stack) -> None:
 
 async def test_a_local_refusal_waits_for_the_services_verdict(stack: Stack) -> None:
     local = load_local(stack.catalog, TokenizeMode.SPECULATE)
-    client = TokenizerClient(stack.tokenizer.channel, 5.0, speculative=local)
+    client = PromptTokenizer(TokenizerClient(stack.tokenizer.channel, 5.0), speculative=local)
     # Tool calls on a user turn: refused in-process and by the service alike.
     call = common_pb2.ToolCall(id="c1", function=common_pb2.FunctionCall(name="f", arguments="{}"))
     messages = [

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from llm_router.attestation import AttestationSettings
+from llm_router.tokens.attestation import AttestationSettings
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.tokenizer.v1 import tokenizer_service_pb2 as tok_pb
 

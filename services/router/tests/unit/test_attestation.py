@@ -7,8 +7,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from llm_common.errors import Unavailable
-from llm_router.attestation import Attestation, AttestationSettings
 from llm_router.observability import RouterMetrics
+from llm_router.tokens.attestation import Attestation, AttestationSettings
 
 MODEL = "m"
 

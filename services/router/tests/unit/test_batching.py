@@ -19,7 +19,7 @@ from llm_common.config import ConfigError
 from llm_common.deadlines import deadline_var, time_left
 from llm_common.errors import InvalidArgument, Unavailable
 from llm_common.logging import request_id_var
-from llm_router.clients import BillingCall, ItemResult, SettleBatcher
+from llm_router.clients.billing import BillingCall, ItemResult, SettleBatcher
 from llm_router.config import Settings
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 

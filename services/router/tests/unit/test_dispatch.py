@@ -12,13 +12,13 @@ from prometheus_client import CollectorRegistry
 
 from llm_common.errors import InvalidArgument, Unavailable
 from llm_common.models_config import Deployment
-from llm_router.config import RoutingSettings
-from llm_router.dispatch import Dispatcher
 from llm_router.errors import ReplicaFailed
-from llm_router.load import LoadBoard, LoadSnapshot
 from llm_router.observability import RouterMetrics
-from llm_router.prefix import AffinityTable
-from llm_router.selection import ReplicaSelector
+from llm_router.routing.dispatch import Dispatcher
+from llm_router.routing.load import LoadBoard, LoadSnapshot
+from llm_router.routing.prefix import AffinityTable
+from llm_router.routing.selection import ReplicaSelector
+from llm_router.routing.settings import RoutingSettings
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 

@@ -15,7 +15,7 @@ from llm_common.errors import (
     ServiceError,
 )
 from llm_router.errors import DependencyUnavailable, ReplicaFailed, from_rpc_error
-from llm_router.replica_stream import replica_error
+from llm_router.routing.replica_stream import replica_error
 
 
 def rpc_error(

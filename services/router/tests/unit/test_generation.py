@@ -12,14 +12,15 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from llm_common.errors import Unavailable
+from llm_router.api.identity import Caller
 from llm_router.background import Background
 from llm_router.errors import ReplicaFailed
-from llm_router.generation import Chunk, Generation, Piece, RequestInfo
-from llm_router.identity import Caller
+from llm_router.generation.relay import Chunk, Generation, RequestInfo
+from llm_router.generation.sources import Piece
 from llm_router.observability import RouterMetrics
-from llm_router.policies import parse_policies
 from llm_router.requests import GenerationRequest, Kind
-from llm_router.settlement import Admission, Outcome
+from llm_router.safety.policies import parse_policies
+from llm_router.settlement.settle import Admission, Outcome
 from llmapi.common.v1 import common_pb2
 
 FR = common_pb2

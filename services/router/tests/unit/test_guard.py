@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from llm_common.config import ConfigError
 from llm_common.errors import InvalidArgument
-from llm_router import pii
-from llm_router.input_guard import screen
-from llm_router.output_guard import StreamGuard
-from llm_router.policies import OutputPolicy, parse_policies
+from llm_router.safety import pii
+from llm_router.safety.input_guard import screen
+from llm_router.safety.output_guard import StreamGuard
+from llm_router.safety.policies import OutputPolicy, parse_policies
 
 CARD = "4111 1111 1111 1111"  # Luhn-valid test number
 NOT_A_CARD = "4111 1111 1111 1112"

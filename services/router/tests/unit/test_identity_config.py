@@ -9,9 +9,9 @@ import pytest
 
 from llm_common.config import ConfigError
 from llm_common.errors import PermissionDenied, Unauthenticated
+from llm_router.api.identity import Caller, caller_from_metadata
 from llm_router.config import Settings
-from llm_router.identity import Caller, caller_from_metadata
-from llm_router.local_tokenizer import TokenizeMode
+from llm_router.tokens.local import TokenizeMode
 
 from .conftest import model
 

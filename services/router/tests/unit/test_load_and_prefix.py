@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm_router.load import Health, LoadBoard, LoadSnapshot
-from llm_router.prefix import AffinityTable, prefix_chain
+from llm_router.routing.load import Health, LoadBoard, LoadSnapshot
+from llm_router.routing.prefix import AffinityTable, prefix_chain
 
 from .conftest import ManualClock
 

@@ -11,8 +11,8 @@ import pytest
 from llm_common.config import ConfigError
 from llm_common.errors import InvalidArgument, NotFound
 from llm_common.models_config import Deployment
-from llm_router.identity import Caller
-from llm_router.model_routing import ModelRouter
+from llm_router.api.identity import Caller
+from llm_router.routing.models import ModelRouter
 
 from .conftest import catalog, model
 

@@ -3,7 +3,7 @@ bounded in count, bytes and age, and never past the entry's own expiry."""
 
 from __future__ import annotations
 
-from llm_router.near_cache import NearCache, NearCacheSettings, near_key
+from llm_router.cache.near import NearCache, NearCacheSettings, near_key
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 
 WALL0 = 1_800_000_000.0

@@ -8,10 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from llm_router.config import RoutingSettings
-from llm_router.load import LoadBoard, LoadSnapshot
-from llm_router.prefix import AffinityTable
-from llm_router.selection import (
+from llm_router.routing.load import LoadBoard, LoadSnapshot
+from llm_router.routing.prefix import AffinityTable
+from llm_router.routing.selection import (
     REASON_AFFINITY,
     REASON_IMBALANCE,
     REASON_LOAD,
@@ -20,6 +19,7 @@ from llm_router.selection import (
     Job,
     ReplicaSelector,
 )
+from llm_router.routing.settings import RoutingSettings
 
 from .conftest import ManualClock
 

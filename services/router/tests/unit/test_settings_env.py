@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from llm_common.config import ConfigError
-from llm_router.attestation import AttestationSettings
+from llm_router.admission.quota_lease import LeaseSettings
+from llm_router.cache.near import NearCacheSettings
 from llm_router.config import Settings
-from llm_router.near_cache import NearCacheSettings
-from llm_router.quota_lease import LeaseSettings
+from llm_router.tokens.attestation import AttestationSettings
 
 BASE_ENV = {
     "TOKENIZER_SERVICE_ADDR": "t:1",

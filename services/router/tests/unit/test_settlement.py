@@ -11,15 +11,15 @@ from prometheus_client import CollectorRegistry
 
 from llm_common.errors import InvalidArgument, QuotaExceeded
 from llm_common.outbox import Delivery, Outbox
-from llm_router.admission import Admitter, billing_id
+from llm_router.admission.admit import Admitter, billing_id
+from llm_router.admission.quota_memo import UnlimitedKeys
+from llm_router.api.identity import Caller
 from llm_router.background import Background
-from llm_router.billing_outbox import BillingSpool, decode, encode
 from llm_router.errors import DependencyUnavailable
-from llm_router.identity import Caller
 from llm_router.observability import RouterMetrics
-from llm_router.policies import AdmissionPolicy
-from llm_router.quota_memo import UnlimitedKeys
-from llm_router.settlement import Admission, Outcome, Settler
+from llm_router.safety.policies import AdmissionPolicy
+from llm_router.settlement.outbox import BillingSpool, decode, encode
+from llm_router.settlement.settle import Admission, Outcome, Settler
 from llmapi.auth.v1 import auth_service_pb2 as auth_pb
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.common.v1 import common_pb2
@@ -327,7 +327,7 @@ async def test_refused_budget_gives_the_tokens_back(outbox: Outbox) -> None:
 
 
 def test_refusal_memo_expires_and_is_bounded(clock: Any) -> None:
-    from llm_router.admission import RefusalMemo
+    from llm_router.admission.admit import RefusalMemo
 
     memo = RefusalMemo(max_entries=2, max_s=30.0, clock=clock)
     a, b, c = (Caller(t, "k", frozenset()) for t in ("a", "b", "c"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llm_router.speculation import GRACE_CAP_S, HitRate, Latency, Speculation
+from llm_router.cache.speculation import GRACE_CAP_S, HitRate, Latency, Speculation
 
 
 def test_first_lookups_count_at_full_weight() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llm_router.token_memo import MemoSettings, TokenMemo, memo_key
+from llm_router.tokens.memo import MemoSettings, TokenMemo, memo_key
 
 
 class Clock:

@@ -6,9 +6,7 @@ import grpc
 import pytest
 
 from llm_common.errors import InvalidArgument
-from llm_router.config import Limits
-from llm_router.requests import Kind
-from llm_router.validation import (
+from llm_router.api.validation import (
     check_max_tokens,
     fits_context,
     validate_chat,
@@ -16,6 +14,8 @@ from llm_router.validation import (
     validate_count,
     validate_embed,
 )
+from llm_router.config import Limits
+from llm_router.requests import Kind
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llm_router.choices import merged_usage
-from llm_router.generation import Chunk
-from llm_router.tool_output import CallAssembler
+from llm_router.generation.choices import merged_usage
+from llm_router.generation.relay import Chunk
+from llm_router.generation.tool_calls import CallAssembler
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

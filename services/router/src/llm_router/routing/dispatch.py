@@ -17,13 +17,13 @@ from llm_common.errors import Unavailable
 from llm_common.logging import get_logger
 from llm_common.models_config import Deployment
 from llm_common.resilience import Backoff
-from llm_router.clients import InferenceClient
-from llm_router.config import RoutingSettings
+from llm_router.clients.inference import InferenceClient
 from llm_router.errors import ReplicaFailed
-from llm_router.load import LoadBoard, Ticket
 from llm_router.observability import RouterMetrics
-from llm_router.replica_stream import GenerateCall
-from llm_router.selection import Choice, Job, ReplicaSelector
+from llm_router.routing.load import LoadBoard, Ticket
+from llm_router.routing.replica_stream import GenerateCall
+from llm_router.routing.selection import Choice, Job, ReplicaSelector
+from llm_router.routing.settings import RoutingSettings
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 

@@ -13,8 +13,8 @@ from prometheus_client import Counter
 from llm_common.errors import ServiceError
 from llm_common.logging import get_logger
 from llm_common.resilience import Backoff
-from llm_router.clients import CacheClient
-from llm_router.near_cache import NearCache
+from llm_router.cache.near import NearCache
+from llm_router.clients.cache import CacheClient
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 
 MAX_REPORT_HITS = 4096  # RecordHits' limit per call

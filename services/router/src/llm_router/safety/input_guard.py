@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from llm_common.errors import FieldViolation, InvalidArgument
-from llm_router import pii
-from llm_router.policies import InputPolicy
+from llm_router.safety import pii
+from llm_router.safety.policies import InputPolicy
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,10 +7,10 @@ from collections.abc import Mapping, Sequence
 
 from llm_common.errors import FieldViolation, InvalidArgument
 from llm_common.validation import Violations, check_range, check_repeated, check_text, utf8_length
+from llm_router.api.sampling_checks import check_generation_options
+from llm_router.api.tool_checks import check_tool_messages, check_tools
 from llm_router.config import Limits
 from llm_router.requests import CacheOptions, EmbedRequest, GenerationRequest, Kind
-from llm_router.sampling_checks import check_generation_options
-from llm_router.tool_checks import check_tool_messages, check_tools
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

@@ -11,10 +11,11 @@ from google.protobuf import timestamp_pb2
 
 from llm_common.errors import DeadlineExceeded, ServiceError, Unavailable
 from llm_common.logging import LogThrottle, get_logger
+from llm_router.admission.quota_lease import Lease, QuotaLeases
 from llm_router.background import Background
-from llm_router.clients import BillingClient, QuotaClient, SettleBatcher
+from llm_router.clients.billing import BillingClient, SettleBatcher
+from llm_router.clients.quota import QuotaClient
 from llm_router.observability import RouterMetrics
-from llm_router.quota_lease import Lease, QuotaLeases
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.common.v1 import common_pb2
 

@@ -11,9 +11,9 @@ import grpc
 
 from llm_common.logging import get_logger
 from llm_common.resilience import Backoff
-from llm_router.clients import InferenceClient
-from llm_router.load import LoadBoard
-from llm_router.selection import ReplicaSelector
+from llm_router.clients.inference import InferenceClient
+from llm_router.routing.load import LoadBoard
+from llm_router.routing.selection import ReplicaSelector
 
 _log = get_logger(__name__)
 

@@ -19,13 +19,14 @@ from llm_common.errors import (
     Unavailable,
 )
 from llm_common.logging import LogThrottle, get_logger
-from llm_router.clients import BillingClient, QuotaClient
-from llm_router.identity import Caller
+from llm_router.admission.quota_lease import Lease, QuotaLeases
+from llm_router.admission.quota_memo import UnlimitedKeys
+from llm_router.api.identity import Caller
+from llm_router.clients.billing import BillingClient
+from llm_router.clients.quota import QuotaClient
 from llm_router.observability import RouterMetrics
-from llm_router.policies import AdmissionPolicy
-from llm_router.quota_lease import Lease, QuotaLeases
-from llm_router.quota_memo import UnlimitedKeys
-from llm_router.settlement import Admission, Outcome, Settler
+from llm_router.safety.policies import AdmissionPolicy
+from llm_router.settlement.settle import Admission, Outcome, Settler
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.common.v1 import common_pb2
 

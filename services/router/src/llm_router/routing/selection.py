@@ -8,9 +8,9 @@ import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from llm_router.config import RoutingSettings
-from llm_router.load import Health, LoadBoard
-from llm_router.prefix import AffinityTable, prefix_chain
+from llm_router.routing.load import Health, LoadBoard
+from llm_router.routing.prefix import AffinityTable, prefix_chain
+from llm_router.routing.settings import RoutingSettings
 
 REASON_AFFINITY = "affinity"  # the replica holding the longest prefix had the least wait
 REASON_LOAD = "load"  # least expected wait without a prefix advantage

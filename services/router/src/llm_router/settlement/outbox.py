@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from llm_common.errors import DeadlineExceeded, ServiceError, Unavailable
 from llm_common.logging import get_logger
 from llm_common.outbox import Delivery, Outbox, OutboxItem, ReplayStats
-from llm_router.clients import BillingClient, ItemResult
+from llm_router.clients.billing import BillingClient, ItemResult
 from llm_router.observability import RouterMetrics
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 

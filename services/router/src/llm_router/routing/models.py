@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from llm_common.config import ConfigError
 from llm_common.errors import FieldViolation, InvalidArgument, NotFound
 from llm_common.models_config import Deployment, ModelCatalog, ModelSpec
-from llm_router.identity import Caller
+from llm_router.api.identity import Caller
 
 AUTO_MODEL = "auto"
 GENERATION = "generation"

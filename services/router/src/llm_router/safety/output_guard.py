@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from llm_router import pii
-from llm_router.policies import OutputPolicy
+from llm_router.safety import pii
+from llm_router.safety.policies import OutputPolicy
 
 # The text a piece of personal data still being generated can end with: a run of digits
 # grouped by single spaces/dashes (a card), then any non-space characters (an address).

@@ -3,7 +3,7 @@
 The tokenizer service is a round trip on every request's critical path, before anything else
 can start (admission, cache lookup and generation all need the exact prompt tokens). With
 ROUTER_TOKENIZE=speculate (the default) the router's own ids start that work while the
-service's, which decide, are on their way (see TokenizerClient.chat_prompt_ids); with
+service's, which decide, are on their way (see PromptTokenizer.chat_prompt_ids); with
 ROUTER_TOKENIZE=auto or local the router's ids replace the service's. Either way it runs the
 shared tokenization library the service itself runs on the model's files
 (llm_common.tokenization: the same tokenizer.json, chat template and special-token handling),

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from llm_common.config import ConfigError
-from llm_router import pii as pii_detect
+from llm_router.safety import pii as pii_detect
 
 PII_ACTIONS = ("allow", "redact", "reject")
 BILLING_ACTIONS = ("admit", "reject")

@@ -19,20 +19,20 @@ from llm_common.errors import FieldViolation, InvalidArgument
 from llm_common.interceptors import new_request_id
 from llm_common.logging import current_request_id
 from llm_common.tools import parser_for
-from llm_router import validation
-from llm_router.answers import Answer, fill_chat, fill_completion
+from llm_router.api import validation
+from llm_router.api.identity import SCOPE_COMPLETION, SCOPE_EMBEDDING, Caller, caller_from_metadata
 from llm_router.background import Background
-from llm_router.choices import choice_requests, interleaved, merged_usage
-from llm_router.clients import TokenizerClient
 from llm_router.config import Limits
 from llm_router.embedder import Embedder
-from llm_router.generation import Chunk, Generation
-from llm_router.identity import SCOPE_COMPLETION, SCOPE_EMBEDDING, Caller, caller_from_metadata
-from llm_router.model_routing import AUTO_MODEL, GENERATION, ModelRouter
+from llm_router.generation.answers import Answer, fill_chat, fill_completion
+from llm_router.generation.choices import choice_requests, interleaved, merged_usage
+from llm_router.generation.relay import Chunk, Generation
+from llm_router.generation.tool_calls import ToolCallReader, call_deltas
 from llm_router.pipeline import Pipeline
-from llm_router.policies import PolicyBook
 from llm_router.requests import GenerationRequest
-from llm_router.tool_output import ToolCallReader, call_deltas
+from llm_router.routing.models import AUTO_MODEL, GENERATION, ModelRouter
+from llm_router.safety.policies import PolicyBook
+from llm_router.tokens.prompt import PromptTokenizer
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
@@ -59,7 +59,7 @@ class ServiceDeps:
     pipeline: Pipeline
     embedder: Embedder
     router: ModelRouter
-    tokenizer: TokenizerClient
+    tokenizer: PromptTokenizer
     policies: PolicyBook
     background: Background
     limits: Limits = field(default_factory=Limits)

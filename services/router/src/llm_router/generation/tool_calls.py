@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llm_common.tools import CallDelta, ToolCallParser
-from llm_router.generation import Chunk
+from llm_router.generation.relay import Chunk
 from llmapi.common.v1 import common_pb2
 
 

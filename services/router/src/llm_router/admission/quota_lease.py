@@ -31,7 +31,7 @@ from prometheus_client import Counter
 from llm_common.errors import QuotaExceeded, ServiceError
 from llm_common.logging import get_logger
 from llm_router.background import Background
-from llm_router.clients import QuotaClient
+from llm_router.clients.quota import QuotaClient
 
 _log = get_logger(__name__)
 

@@ -1,0 +1,1 @@
+"""Admission: token quota and budget reservations before any work is answered."""

@@ -1,0 +1,1 @@
+"""The public surface: the LLMService servicer, request validation and the caller's identity."""

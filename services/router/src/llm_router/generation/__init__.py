@@ -1,0 +1,1 @@
+"""A started generation: its sources, the output guard relay, answers and choices."""

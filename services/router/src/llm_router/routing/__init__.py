@@ -1,0 +1,1 @@
+"""Model routing, replica load and selection, and dispatch with failover."""

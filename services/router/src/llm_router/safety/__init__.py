@@ -1,0 +1,1 @@
+"""Per-tenant safety: policies, the input guard, the streaming output guard, PII."""

@@ -1,0 +1,1 @@
+"""Settlement: billing what was produced, and the durable outbox for what billing could not take."""

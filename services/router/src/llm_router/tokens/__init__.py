@@ -1,0 +1,1 @@
+"""Prompt tokens: in-process tokenization, attestation, the memo, speculation."""
