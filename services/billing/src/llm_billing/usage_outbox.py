@@ -30,7 +30,7 @@ from llm_common.logging import get_logger
 TENANT_CHUNK = 500
 ROUND_BATCHES = 20  # batches per background round before the backlog is published again
 MIN_LOCK_TTL_MS = 5_000  # a crashed drainer's lease expires within max(this, 3 intervals)
-MAX_BACKOFF_S = 30.0
+MAX_BACKOFF_S = 5.0  # retries while the database is down: one connect attempt each
 STOP_TIMEOUT_S = 10.0
 _STATUS = {"E": "expired", "X": "released"}
 # Releases the lock only if this process still holds it.
