@@ -48,6 +48,15 @@ class Prepared:
     confirm: asyncio.Future[list[int]] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """How the request was made: what a Generation reports besides the request itself."""
+
+    request_id: str
+    stream: bool
+    started: float  # perf_counter at arrival
+
+
 class _UnconfirmedError(Exception):
     """The tokenizer service's ids differ from the router's own: start over on the service's."""
 
@@ -98,7 +107,7 @@ class Pipeline:
         self, request: GenerationRequest, caller: Caller, *, request_id: str, stream: bool
     ) -> Generation:
         """Admit and start `request`: returns once the answer's first piece is in hand."""
-        started = time.perf_counter()
+        call = CallInfo(request_id, stream, started=time.perf_counter())
         caller.require_scope(SCOPE_COMPLETION)
         policy = self._policies.for_tenant(caller.tenant_id)
         request = self._screen(request, policy)
@@ -107,16 +116,12 @@ class Pipeline:
         if not overlap:
             prepared = await self._confirmed(prepared, caller)
         try:
-            return await self._start(
-                prepared, caller, policy, overlap, (request_id, stream, started)
-            )
+            return await self._start(prepared, caller, policy, overlap, call)
         except _UnconfirmedError as unconfirmed:
             # Rare (a tokenizer deployed apart from the router's copy): nothing was admitted
             # or sent; the replica's work on the router's ids was cancelled.
             prepared = self._rebind(prepared, unconfirmed.ids, caller)
-            return await self._start(
-                prepared, caller, policy, overlap, (request_id, stream, started)
-            )
+            return await self._start(prepared, caller, policy, overlap, call)
 
     async def _start(
         self,
@@ -124,18 +129,17 @@ class Pipeline:
         caller: Caller,
         policy: TenantPolicy,
         overlap: bool,
-        call: tuple[str, bool, float],
+        call: CallInfo,
     ) -> Generation:
-        request_id, stream, started = call
         info = RequestInfo(
-            request_id=request_id,
+            request_id=call.request_id,
             caller=caller,
             request=prepared.request,
             model=prepared.spec.name,
             prompt_tokens=len(prepared.prompt),
             sampling=prepared.sampling,
-            stream=stream,
-            started=started,
+            stream=call.stream,
+            started=call.started,
         )
         key = self._lookups.key(
             prepared.request, caller, prepared.spec.name, prepared.prompt, prepared.sampling

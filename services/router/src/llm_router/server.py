@@ -86,7 +86,7 @@ class Runtime:
     channels: list[grpc.aio.Channel] = field(default_factory=list)
     replica_channels: ReplicaChannels = field(default_factory=ReplicaChannels)
     breakers: dict[str, AsyncBreaker] = field(default_factory=dict)
-    http_listen: tuple[str, int, str] | None = None  # host, port, the router's own gRPC target
+    http_listen: HttpListen | None = None
     region_header: str = "x-llm-region"
     http: OpenAIHttp | None = None
     near: NearCacheParts | None = None
@@ -98,9 +98,9 @@ class Runtime:
         self.attesting.start()
         self.spool.start()
         if self.http_listen is not None:
-            host, port, target = self.http_listen
+            listen = self.http_listen
             self.http = await start_openai_http(
-                host, port, target, region_header=self.region_header
+                listen.host, listen.port, listen.grpc_target, region_header=self.region_header
             )
 
     async def stop(self) -> None:
@@ -152,10 +152,14 @@ async def build_runtime(
     policies = policies or load_policies(settings.policies_config)
     metrics = metrics or default_router_metrics()
     rng = rng or random.Random()
-    d, r = settings.downstream, settings.routing
+    downstream, routing = settings.downstream, settings.routing
 
     def breaker(name: str) -> AsyncBreaker:
-        return new_breaker(f"router-{name}", fail_max=d.breaker_fail_max, reset_s=d.breaker_reset_s)
+        return new_breaker(
+            f"router-{name}",
+            fail_max=downstream.breaker_fail_max,
+            reset_s=downstream.breaker_reset_s,
+        )
 
     breakers = {"billing": breaker("billing"), "auth": breaker("auth"), "cache": breaker("cache")}
     channels: list[grpc.aio.Channel] = []
@@ -164,7 +168,7 @@ async def build_runtime(
         made = make_channel(
             addr,
             max_message_bytes=settings.server.max_message_bytes,
-            retry_unavailable=d.channel_retries,
+            retry_unavailable=downstream.channel_retries,
         )
         channels.append(made)
         return made
@@ -182,7 +186,9 @@ async def build_runtime(
             audits=metrics.tokenizer_audits,
             rng=rng,
         )
-    tokenizer_service = TokenizerClient(channel(d.tokenizer_addr), d.call_timeout_s)
+    tokenizer_service = TokenizerClient(
+        channel(downstream.tokenizer_addr), downstream.call_timeout_s
+    )
     tokenizer = PromptTokenizer(
         tokenizer_service,
         memo,
@@ -192,20 +198,29 @@ async def build_runtime(
         attestation=attestation,
     )
     reserve_batch = None
-    if d.reserve_batch_max > 0:
+    if downstream.reserve_batch_max > 0:
         reserve_batch = BatchShape(
-            d.reserve_batch_max, d.reserve_batch_wait_ms / 1000, d.reserve_batch_in_flight
+            downstream.reserve_batch_max,
+            downstream.reserve_batch_wait_ms / 1000,
+            downstream.reserve_batch_in_flight,
         )
     billing = BillingClient(
-        channel(d.billing_addr), d.call_timeout_s, breakers["billing"], reserve_batch=reserve_batch
+        channel(downstream.billing_addr),
+        downstream.call_timeout_s,
+        breakers["billing"],
+        reserve_batch=reserve_batch,
     )
     quota = None
-    if d.auth_addr is not None:
-        quota = QuotaClient(channel(d.auth_addr), d.call_timeout_s, breakers["auth"])
+    if downstream.auth_addr is not None:
+        quota = QuotaClient(
+            channel(downstream.auth_addr), downstream.call_timeout_s, breakers["auth"]
+        )
     cache = None
     near = None
-    if d.cache_addr is not None:
-        cache = CacheClient(channel(d.cache_addr), d.call_timeout_s, breakers["cache"])
+    if downstream.cache_addr is not None:
+        cache = CacheClient(
+            channel(downstream.cache_addr), downstream.call_timeout_s, breakers["cache"]
+        )
         if settings.near_cache.enabled:
             near = _near_cache(settings, cache, metrics, rng)
 
@@ -213,20 +228,20 @@ async def build_runtime(
     spool = BillingSpool(
         outbox,
         billing,
-        timeout_s=d.settle_timeout_s,
+        timeout_s=downstream.settle_timeout_s,
         metrics=metrics,
-        batch_max=d.settle_batch_max,
+        batch_max=downstream.settle_batch_max,
     )
     background = Background()
     batcher = None
-    if d.settle_batch_max > 0:
+    if downstream.settle_batch_max > 0:
         batcher = SettleBatcher(
             billing.settle_batch,
-            max_items=d.settle_batch_max,
-            wait_s=d.settle_batch_wait_ms / 1000,
-            timeout_s=d.settle_timeout_s,
-            max_in_flight=d.settle_batch_in_flight,
-            linger_s=d.settle_batch_linger_ms / 1000,
+            max_items=downstream.settle_batch_max,
+            wait_s=downstream.settle_batch_wait_ms / 1000,
+            timeout_s=downstream.settle_timeout_s,
+            max_in_flight=downstream.settle_batch_in_flight,
+            linger_s=downstream.settle_batch_linger_ms / 1000,
             span_name="router.settle_batch",
         )
     leases = None
@@ -236,13 +251,13 @@ async def build_runtime(
             settings.leases,
             background=background,
             events=metrics.quota_leases,
-            refund_timeout_s=d.settle_timeout_s,
+            refund_timeout_s=downstream.settle_timeout_s,
         )
     settler = Settler(
         billing,
         quota,
         spool,
-        timeout_s=d.settle_timeout_s,
+        timeout_s=downstream.settle_timeout_s,
         metrics=metrics,
         background=background,
         batcher=batcher,
@@ -253,21 +268,25 @@ async def build_runtime(
         billing,
         settler,
         metrics,
-        quota_fail_open=d.quota_fail_open,
-        unlimited=UnlimitedKeys(d.quota_unlimited_ttl_s),
-        unbudgeted=UnlimitedKeys(d.billing_unbudgeted_ttl_s),
+        quota_fail_open=downstream.quota_fail_open,
+        unlimited=UnlimitedKeys(downstream.quota_unlimited_ttl_s),
+        unbudgeted=UnlimitedKeys(downstream.billing_unbudgeted_ttl_s),
         leases=leases,
     )
 
-    router = ModelRouter(catalog, home_region=r.region, rng=rng)
-    board = LoadBoard(exclude_s=r.exclude_s, exclude_max_s=r.exclude_max_s, stale_s=r.load_stale_s)
-    affinity = AffinityTable(max_entries=r.affinity_entries, ttl_s=r.affinity_ttl_s)
-    selector = ReplicaSelector(board, affinity, r, rng)
-    replica_channels = ReplicaChannels(mesh_addr=r.mesh_addr, mesh_header=r.mesh_header)
+    router = ModelRouter(catalog, home_region=routing.region, rng=rng)
+    board = LoadBoard(
+        exclude_s=routing.exclude_s,
+        exclude_max_s=routing.exclude_max_s,
+        stale_s=routing.load_stale_s,
+    )
+    affinity = AffinityTable(max_entries=routing.affinity_entries, ttl_s=routing.affinity_ttl_s)
+    selector = ReplicaSelector(board, affinity, routing, rng)
+    replica_channels = ReplicaChannels(mesh_addr=routing.mesh_addr, mesh_header=routing.mesh_header)
     inference = InferenceClient(replica_channels)
-    dispatcher = Dispatcher(selector, board, inference, r, metrics, rng=rng)
+    dispatcher = Dispatcher(selector, board, inference, routing, metrics, rng=rng)
     watcher = LoadWatcher(
-        inference, board, selector, router.replicas(), interval_ms=r.load_interval_ms, rng=rng
+        inference, board, selector, router.replicas(), interval_ms=routing.load_interval_ms, rng=rng
     )
 
     pipeline = Pipeline(
@@ -280,9 +299,9 @@ async def build_runtime(
         settler=settler,
         background=background,
         metrics=metrics,
-        overlap_admission=d.overlap_admission,
-        lookup_grace_s=d.lookup_grace_s,
-        speculate_below_hit_rate=d.speculate_below_hit_rate,
+        overlap_admission=downstream.overlap_admission,
+        lookup_grace_s=downstream.lookup_grace_s,
+        speculate_below_hit_rate=downstream.speculate_below_hit_rate,
         near=near,
     )
     embedder = Embedder(
@@ -301,8 +320,8 @@ async def build_runtime(
         policies=policies,
         background=background,
         limits=settings.limits,
-        region_header=r.region_header,
-        request_timeout_s=d.request_timeout_s,
+        region_header=routing.region_header,
+        request_timeout_s=downstream.request_timeout_s,
     )
     return Runtime(
         servicer=LLMServicer(deps),
@@ -316,12 +335,12 @@ async def build_runtime(
         settler=settler,
         leases=leases,
         background=background,
-        settle_timeout_s=d.settle_timeout_s,
+        settle_timeout_s=downstream.settle_timeout_s,
         channels=channels,
         replica_channels=replica_channels,
         breakers=breakers,
         http_listen=_http_listen(settings),
-        region_header=r.region_header,
+        region_header=routing.region_header,
         near=near,
     )
 
@@ -340,13 +359,23 @@ def _near_cache(
     return NearCacheParts(near, feed, reporter)
 
 
-def _http_listen(settings: Settings) -> tuple[str, int, str] | None:
+@dataclass(frozen=True, slots=True)
+class HttpListen:
+    """Where the OpenAI listener binds, and the router's own gRPC target it calls."""
+
+    host: str
+    port: int
+    grpc_target: str
+
+
+def _http_listen(settings: Settings) -> HttpListen | None:
     """Where the OpenAI listener binds, and the gRPC port it calls (fixed ports only)."""
     if settings.http_port is None:
         return None
     if not settings.server.grpc_port:
         raise ConfigError("ROUTER_HTTP_PORT: needs a fixed GRPC_PORT to call the router on")
-    return settings.http_host, settings.http_port, f"127.0.0.1:{settings.server.grpc_port}"
+    grpc_target = f"127.0.0.1:{settings.server.grpc_port}"
+    return HttpListen(settings.http_host, settings.http_port, grpc_target)
 
 
 async def serve(

@@ -81,11 +81,11 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     """llmapi.llm.v1.LLMService."""
 
     def __init__(self, deps: ServiceDeps) -> None:
-        self._d = deps
+        self._deps = deps
 
     # Method names are the contract's RPC names, hence the noqa N802.
     async def Chat(self, request: pb.ChatRequest, context: Context) -> pb.ChatResponse:  # noqa: N802
-        parsed = validation.validate_chat(request, self._d.limits)
+        parsed = validation.validate_chat(request, self._deps.limits)
         answers, generation = await self._unary(parsed, context)
         response = pb.ChatResponse(
             request_id=generation.request_id,
@@ -99,14 +99,14 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def ChatStream(  # noqa: N802
         self, request: pb.ChatStreamRequest, context: Context
     ) -> AsyncIterator[pb.ChatStreamResponse]:
-        parsed = validation.validate_chat(request, self._d.limits)
+        parsed = validation.validate_chat(request, self._deps.limits)
         async for message in self._stream_messages(parsed, context, pb.ChatStreamResponse):
             yield message
 
     async def Complete(  # noqa: N802
         self, request: pb.CompleteRequest, context: Context
     ) -> pb.CompleteResponse:
-        parsed = validation.validate_complete(request, self._d.limits)
+        parsed = validation.validate_complete(request, self._deps.limits)
         answers, generation = await self._unary(parsed, context)
         response = pb.CompleteResponse(
             request_id=generation.request_id,
@@ -120,16 +120,16 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def CompleteStream(  # noqa: N802
         self, request: pb.CompleteStreamRequest, context: Context
     ) -> AsyncIterator[pb.CompleteStreamResponse]:
-        parsed = validation.validate_complete(request, self._d.limits)
+        parsed = validation.validate_complete(request, self._deps.limits)
         async for message in self._stream_messages(parsed, context, pb.CompleteStreamResponse):
             yield message
 
     async def Embed(self, request: pb.EmbedRequest, context: Context) -> pb.EmbedResponse:  # noqa: N802
-        parsed = validation.validate_embed(request, self._d.limits)
+        parsed = validation.validate_embed(request, self._deps.limits)
         caller = self._caller(context)
         request_id = _request_id(parsed.request_id)
         with self._deadline():
-            result = await self._d.embedder.embed(parsed, caller, request_id)
+            result = await self._deps.embedder.embed(parsed, caller, request_id)
         response = pb.EmbedResponse(request_id=request_id, model=result.model, usage=result.usage)
         for index, values in enumerate(result.vectors):
             response.embeddings.add(index=index, values=values)
@@ -138,23 +138,23 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     async def CountTokens(  # noqa: N802
         self, request: pb.CountTokensRequest, context: Context
     ) -> pb.CountTokensResponse:
-        validation.validate_count(request, self._d.limits)
+        validation.validate_count(request, self._deps.limits)
         caller = self._caller(context)
         caller.require_scope(SCOPE_COMPLETION, SCOPE_EMBEDDING)
         if request.model == AUTO_MODEL:
             raise InvalidArgument(
                 [FieldViolation("model", "name a model; `auto` resolves per request")]
             )
-        spec = self._d.router.resolve(request.model, GENERATION)
-        policy = self._d.policies.for_tenant(caller.tenant_id)
+        spec = self._deps.router.resolve(request.model, GENERATION)
+        policy = self._deps.policies.for_tenant(caller.tenant_id)
         caller.require_model(spec, policy.admission.allowed_tiers)
         with self._deadline():
             if request.messages:
-                ids = await self._d.tokenizer.chat_prompt(
+                ids = await self._deps.tokenizer.chat_prompt(
                     spec.name, request.messages, tenant=caller.tenant_id, tools=request.tools
                 )
             else:
-                ids = await self._d.tokenizer.encode(
+                ids = await self._deps.tokenizer.encode(
                     spec.name, request.prompt, tenant=caller.tenant_id
                 )
         return pb.CountTokensResponse(
@@ -168,7 +168,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         self, request: pb.ListModelsRequest, context: Context
     ) -> pb.ListModelsResponse:
         caller = self._caller(context)
-        allowed = self._d.policies.for_tenant(caller.tenant_id).admission.allowed_tiers
+        allowed = self._deps.policies.for_tenant(caller.tenant_id).admission.allowed_tiers
         return pb.ListModelsResponse(
             models=[
                 pb.ModelInfo(
@@ -179,7 +179,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
                     tier=spec.tier,
                     regions=ModelRouter.regions(spec),
                 )
-                for spec in self._d.router.visible(caller, allowed)
+                for spec in self._deps.router.visible(caller, allowed)
             ]
         )
 
@@ -257,7 +257,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
     ) -> ToolCallReader | None:
         if not parsed.parses_tool_calls:
             return None
-        spec = self._d.router.resolve(generation.model, GENERATION)
+        spec = self._deps.router.resolve(generation.model, GENERATION)
         return ToolCallReader(parser_for(spec.tool_parser), f"{generation.request_id}/{index}")
 
     async def _open_all(
@@ -270,12 +270,12 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         request_id = _request_id(parsed.request_id)
         # The first choice is placed (and its prompt prefilled) before the others start: prefix
         # affinity then sends them to its replica, whose prefix cache holds the prompt's blocks.
-        first = await self._d.pipeline.open(
+        first = await self._deps.pipeline.open(
             requests[0], caller, request_id=request_id, stream=stream
         )
         opening = [
             asyncio.ensure_future(
-                self._d.pipeline.open(r, caller, request_id=request_id, stream=stream)
+                self._deps.pipeline.open(r, caller, request_id=request_id, stream=stream)
             )
             for r in requests[1:]
         ]
@@ -305,16 +305,16 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
                     return
         finally:
             if finished:
-                self._d.background.spawn(_close(chunks, generation))
+                self._deps.background.spawn(_close(chunks, generation))
             else:
                 await _close(chunks, generation)
 
     async def _open(self, parsed: GenerationRequest, caller: Caller, *, stream: bool) -> Generation:
         request_id = _request_id(parsed.request_id)
-        return await self._d.pipeline.open(parsed, caller, request_id=request_id, stream=stream)
+        return await self._deps.pipeline.open(parsed, caller, request_id=request_id, stream=stream)
 
     def _caller(self, context: Context) -> Caller:
-        return caller_from_metadata(context.invocation_metadata(), self._d.region_header)
+        return caller_from_metadata(context.invocation_metadata(), self._deps.region_header)
 
     @contextlib.contextmanager
     def _deadline(self) -> Iterator[None]:
@@ -322,7 +322,7 @@ class LLMServicer(pb_grpc.LLMServiceServicer):
         if deadline_var.get() is not None:
             yield
             return
-        token = deadline_var.set(deadline_after(self._d.request_timeout_s))
+        token = deadline_var.set(deadline_after(self._deps.request_timeout_s))
         try:
             yield
         finally:

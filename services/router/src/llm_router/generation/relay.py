@@ -163,24 +163,24 @@ class Generation:
         self._close(CANCELLED)
 
     def _count(self, piece: Piece) -> None:
-        t = self._tally
+        tally = self._tally
         if piece.token_ids:
             now = time.perf_counter()
-            t.first_token_at = t.first_token_at or now
-            t.last_token_at = now
-        t.completion_tokens += len(piece.token_ids)
-        t.token_ids.extend(piece.token_ids)
+            tally.first_token_at = tally.first_token_at or now
+            tally.last_token_at = now
+        tally.completion_tokens += len(piece.token_ids)
+        tally.token_ids.extend(piece.token_ids)
         if piece.cached_tokens is not None:
-            t.cached_tokens = piece.cached_tokens
+            tally.cached_tokens = piece.cached_tokens
         self._pending_logprobs.extend(piece.logprobs)
 
     def _take(self, result: GuardResult) -> str:
-        t = self._tally
-        t.redacted.update(result.redacted)
-        if result.blocked and not t.blocked_rule:
-            t.blocked_rule = result.rule or "blocked"
+        tally = self._tally
+        tally.redacted.update(result.redacted)
+        if result.blocked and not tally.blocked_rule:
+            tally.blocked_rule = result.rule or "blocked"
         if result.text:
-            t.text.append(result.text)
+            tally.text.append(result.text)
         return result.text
 
     def _chunk(
@@ -267,23 +267,23 @@ class Generation:
         self._deps.background.spawn(store())
 
     def _observe(self, finish: FinishReason, usage: common_pb2.Usage) -> None:
-        m, t, info = self._deps.metrics, self._tally, self.info
+        metrics, tally, info = self._deps.metrics, self._tally, self.info
         reason = common_pb2.FinishReason.Name(finish).removeprefix("FINISH_REASON_").lower()
-        m.finished.labels(self.model, reason).inc()
-        m.tokens.labels(self.model, "prompt").inc(usage.prompt_tokens)
-        m.tokens.labels(self.model, "completion").inc(usage.completion_tokens)
-        m.tokens.labels(self.model, "cached").inc(usage.cached_tokens)
+        metrics.finished.labels(self.model, reason).inc()
+        metrics.tokens.labels(self.model, "prompt").inc(usage.prompt_tokens)
+        metrics.tokens.labels(self.model, "completion").inc(usage.completion_tokens)
+        metrics.tokens.labels(self.model, "cached").inc(usage.cached_tokens)
         ttft_ms = None
-        if t.first_chunk_at is not None:
-            m.ttft.labels(self.model).observe(t.first_chunk_at - info.started)
-            ttft_ms = round((t.first_chunk_at - info.started) * 1e3, 3)
-        if t.first_token_at and t.last_token_at and usage.completion_tokens > 1:
-            tpot = (t.last_token_at - t.first_token_at) / (usage.completion_tokens - 1)
-            m.tpot.labels(self.model).observe(tpot)
-        for kind in t.redacted:
-            m.guard.labels("output", f"redacted_{kind}").inc()
-        if t.blocked_rule:
-            m.guard.labels("output", "blocked").inc()
+        if tally.first_chunk_at is not None:
+            metrics.ttft.labels(self.model).observe(tally.first_chunk_at - info.started)
+            ttft_ms = round((tally.first_chunk_at - info.started) * 1e3, 3)
+        if tally.first_token_at and tally.last_token_at and usage.completion_tokens > 1:
+            tpot = (tally.last_token_at - tally.first_token_at) / (usage.completion_tokens - 1)
+            metrics.tpot.labels(self.model).observe(tpot)
+        for kind in tally.redacted:
+            metrics.guard.labels("output", f"redacted_{kind}").inc()
+        if tally.blocked_rule:
+            metrics.guard.labels("output", "blocked").inc()
         access_log(
             request_id=info.request_id,
             billing_id=self._admission.billing_id,
@@ -300,7 +300,7 @@ class Generation:
             completion_tokens=usage.completion_tokens,
             cached_tokens=usage.cached_tokens,
             finish_reason=reason,
-            guard_rule=t.blocked_rule or None,
+            guard_rule=tally.blocked_rule or None,
             ttft_ms=ttft_ms,
             duration_ms=round((time.perf_counter() - info.started) * 1e3, 3),
             billing_reserved=self._admission.billing_reserved,
