@@ -15,7 +15,9 @@ import grpc
 
 from llm_common.config import ConfigError
 from llm_stack import demo, probes
+from llm_stack.byo import DEFAULT_REPLICAS, OwnModel, model_name, sample_call, with_own_model
 from llm_stack.catalogue import local_replicas
+from llm_stack.checkpoint import UnservableCheckpointError
 from llm_stack.config import StackConfig
 from llm_stack.credentials import ensure_credentials
 from llm_stack.process import pid_alive, pid_command, terminate_recorded
@@ -31,7 +33,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m llm_stack", description=__doc__)
     parser.add_argument("--root", type=Path, default=Path.cwd(), help="repository root")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start everything, print the endpoints, run until Ctrl-C")
+    up_parser = sub.add_parser("up", help="start everything, print the endpoints, run until Ctrl-C")
+    up_parser.add_argument(
+        "--model", type=Path, help="serve this Hugging Face checkpoint directory (make up MODEL=)"
+    )
+    up_parser.add_argument("--model-name", help="its name in the API (default: directory name)")
+    up_parser.add_argument(
+        "--model-replicas", type=int, default=DEFAULT_REPLICAS, help="replicas of --model"
+    )
     sub.add_parser("down", help="stop a running stack")
     sub.add_parser("status", help="what runs and whether it is healthy")
     sub.add_parser("prepare", help="secrets and Envoy config for infra/compose.yaml")
@@ -46,9 +55,25 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"llm-stack: configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    command = {"up": up, "down": down, "status": status, "prepare": prepare}[args.command]
+    own: OwnModel | None = None
+    if args.command == "up" and args.model is not None:
+        try:
+            own = OwnModel(args.model, model_name(args.model, args.model_name), args.model_replicas)
+            config, facts = with_own_model(config, own)
+        except UnservableCheckpointError as exc:
+            print(f"llm-stack: cannot serve {args.model}: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except ConfigError as exc:
+            print(f"llm-stack: configuration error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        _log.info(
+            "serving %s as %s: %s, %.1fM parameters, %s, %d replica(s)",
+            own.path, own.name, facts.model_type, facts.parameters / 1e6, facts.dtype,
+            own.replicas,
+        )  # fmt: skip
+    command = {"down": down, "status": status, "prepare": prepare}.get(args.command)
     try:
-        return command(config)
+        return up(config, own) if command is None else command(config)
     except BrokenPipeError:  # `make status | head`: the reader has what it wanted
         return EXIT_OK
 
@@ -60,7 +85,7 @@ def _running(config: StackConfig) -> StackState | None:
     return state if "llm_stack" in pid_command(state.supervisor_pid) else None
 
 
-def up(config: StackConfig) -> int:
+def up(config: StackConfig, own: OwnModel | None = None) -> int:
     """Start, print the banner, supervise until SIGINT/SIGTERM, stop in order."""
     if _running(config) is not None:
         print(
@@ -90,6 +115,8 @@ def up(config: StackConfig) -> int:
         return EXIT_FAILED
     admin_file = str(stack.credentials.admin_key_file)
     print(demo.banner(endpoints, key, admin_file, str(config.run_dir)), flush=True)
+    if own is not None:
+        print(sample_call(endpoints.edge_http, own.name), flush=True)
     _log.info("healthy after %.1f s", time.monotonic() - started)
     try:
         stack.supervise(stop)
