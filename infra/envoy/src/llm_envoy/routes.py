@@ -75,6 +75,9 @@ BILLING_ADMIN_METHODS = (
     Method("GetBudget", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
     Method("SetBudget", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
     Method("ExportUsage", Kind.STREAM, (SCOPE_ADMIN,), rate_limited=False),
+    # Idempotent per tenant and month: a retried CreateInvoice returns the same invoice.
+    Method("CreateInvoice", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
+    Method("GetInvoice", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
 )
 CACHE_ADMIN_METHODS = (
     Method("Stats", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
