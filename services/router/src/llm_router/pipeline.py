@@ -27,7 +27,12 @@ from llm_router.routing.models import AUTO_MODEL, GENERATION, ModelRouter
 from llm_router.safety import input_guard
 from llm_router.safety.policies import PolicyBook, TenantPolicy
 from llm_router.settlement.settle import Admission, Settler
-from llm_router.tokens.prompt import PromptIds, PromptTokenizer
+from llm_router.tokens.prompt import (
+    PromptTokenizer,
+    PromptTokens,
+    UnconfirmedTokensError,
+    admitted_ids,
+)
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 from llmapi.common.v1 import common_pb2
 
@@ -39,13 +44,14 @@ class Prepared:
     """A request bound to a model: its exact prompt tokens and effective sampling."""
 
     spec: ModelSpec
-    prompt: list[int]
+    tokens: PromptTokens  # checked once, at admission (tokens.prompt.admitted_ids)
     sampling: common_pb2.SamplingParams  # max_tokens always set
     deployments: list[Deployment]
     request: GenerationRequest  # after the input guard
-    # Pending while `prompt` is the router's own tokenization: the tokenizer service's ids,
-    # which must equal it before anything is admitted (see PromptTokenizer.chat_prompt_ids).
-    confirm: asyncio.Future[list[int]] | None = None
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.tokens.ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,14 +61,6 @@ class CallInfo:
     request_id: str
     stream: bool
     started: float  # perf_counter at arrival
-
-
-class _UnconfirmedError(Exception):
-    """The tokenizer service's ids differ from the router's own: start over on the service's."""
-
-    def __init__(self, ids: list[int]) -> None:
-        super().__init__("prompt tokens unconfirmed")
-        self.ids = ids
 
 
 class Pipeline:
@@ -112,12 +110,12 @@ class Pipeline:
         policy = self._policies.for_tenant(caller.tenant_id)
         request = self._screen(request, policy)
         prepared = await self._prepare(request, caller, policy)
+        # Callers refused recently are admitted before anything starts (sequential), so a
+        # client hammering past its limit cannot make replicas prefill for nothing.
         overlap = self._overlap and not self._admitter.refusals.recent(caller)
-        if not overlap:
-            prepared = await self._confirmed(prepared, caller)
         try:
             return await self._start(prepared, caller, policy, overlap, call)
-        except _UnconfirmedError as unconfirmed:
+        except UnconfirmedTokensError as unconfirmed:
             # Rare (a tokenizer deployed apart from the router's copy): nothing was admitted
             # or sent; the replica's work on the router's ids was cancelled.
             prepared = self._rebind(prepared, unconfirmed.ids, caller)
@@ -144,44 +142,40 @@ class Pipeline:
         key = self._lookups.key(
             prepared.request, caller, prepared.spec.name, prepared.prompt, prepared.sampling
         )
-        if overlap:
-            return await self._open_overlapped(prepared, policy, info, key)
-        admission = await self._admit(prepared, caller, policy)
-        try:
-            hit = await self._lookups.lookup(prepared.request, key)
-            if hit is not None:
-                return self._generation(info, CachedSource(hit), policy, admission, key)
-            placed = await self._dispatch(prepared, info.stream)
-            live = LiveSource(placed, self._dispatcher, self._background)
-            return self._generation(info, live, policy, admission, key)
-        except BaseException:
-            self._settler.submit(admission, NOTHING)
-            raise
+        return await self._open(prepared, policy, info, key, overlap)
 
-    async def _open_overlapped(
+    async def _open(
         self,
         prepared: Prepared,
         policy: TenantPolicy,
         info: RequestInfo,
         key: cache_pb.CacheKey | None,
+        overlap: bool,
     ) -> Generation:
-        # Admission runs alongside the cache lookup and the replica's prefill. Nothing reaches
-        # the caller before admission succeeded; a refusal cancels the generation, which frees
-        # its KV blocks at once. While hits are common, generation waits for the lookup, so a
-        # hit costs no replica work, but only for `lookup_grace_s`: a slow cache must not delay
-        # every miss (the grace follows lookup latency: see speculation). While they are rare
-        # it starts first, and a hit cancels it.
+        # The one request path. Overlapped, admission runs alongside the cache lookup and the
+        # replica's prefill. Nothing reaches the caller before admission succeeded; a refusal
+        # cancels the generation, which frees its KV blocks at once. While hits are common,
+        # generation waits for the lookup, so a hit costs no replica work, but only for
+        # `lookup_grace_s`: a slow cache must not delay every miss (the grace follows lookup
+        # latency: see cache.speculation). While they are rare it starts first, and a hit
+        # cancels it. Sequential is the special case where admission has succeeded before the
+        # lookup starts, and generation waits for the lookup's miss.
+        admit: asyncio.Future[Admission] | None = None
+        if not overlap:
+            admit = asyncio.get_running_loop().create_future()
+            admit.set_result(await self._admit(prepared, info.caller, policy))
         dispatch: asyncio.Future[Started] | None = None
-        if key is None or self._speculation.dispatch_early():
+        if overlap and (key is None or self._speculation.dispatch_early()):
             dispatch = asyncio.ensure_future(self._dispatch(prepared, info.stream))
             # One turn of the loop for the dispatch to put its Generate on the wire before
             # admission's own Python runs: the prefill is the long pole, not the reservations.
             await asyncio.sleep(0)
-        admit = asyncio.ensure_future(self._admit(prepared, info.caller, policy))
+        if admit is None:
+            admit = asyncio.ensure_future(self._admit(prepared, info.caller, policy))
         lookup = asyncio.ensure_future(self._lookups.lookup(prepared.request, key))
         try:
             if dispatch is None:
-                grace_s = self._speculation.grace_s(self._lookup_grace_s)
+                grace_s = self._speculation.grace_s(self._lookup_grace_s) if overlap else None
                 await asyncio.wait({lookup}, timeout=grace_s)
                 if not lookup.done():
                     dispatch = asyncio.ensure_future(self._dispatch(prepared, info.stream))
@@ -193,6 +187,7 @@ class Pipeline:
             admit.cancel()  # the admitter gives back whatever it still gets granted
             lookup.cancel()
             self._abandon(dispatch, _abandon_reason(error))
+            self._release_granted(admit)
             raise
         try:
             if hit is not None:
@@ -205,6 +200,12 @@ class Pipeline:
             self._abandon(dispatch, "failed")
             self._settler.submit(admission, NOTHING)
             raise
+
+    def _release_granted(self, admit: asyncio.Future[Admission]) -> None:
+        # An admission granted before the request failed (the caller left during the lookup)
+        # is given back; one still pending is given back by the admitter when cancelled.
+        if admit.done() and not admit.cancelled() and admit.exception() is None:
+            self._settler.submit(admit.result(), NOTHING)
 
     def _abandon(self, dispatch: asyncio.Future[Started] | None, reason: str) -> None:
         if dispatch is None:
@@ -245,14 +246,17 @@ class Pipeline:
                 return await self._prepare_auto(request, caller, allowed)
             spec = self._router.resolve(request.model, GENERATION)
             caller.require_model(spec, allowed)
-            prompt = await self._tokenize_ids(spec, request, caller)
-        if prompt.confirm is not None:
+            tokens = await self._tokenizer.prompt_tokens(
+                spec.name, request, tenant=caller.tenant_id, speculate=True
+            )
+        if not tokens.confirmed:
             try:
-                max_tokens = self._fit(spec, prompt.ids, request)
-                return self._bind(spec, prompt.ids, max_tokens, request, caller, prompt.confirm)
+                max_tokens = self._fit(spec, tokens.ids, request)
+                return self._bind(spec, tokens, max_tokens, request, caller)
             except InvalidArgument:
-                prompt = PromptIds(await prompt.confirm)  # judged on the router's own ids
-        return self._bind(spec, prompt.ids, self._fit(spec, prompt.ids, request), request, caller)
+                # Refused on the router's own ids (an overflow): the service's ids decide.
+                tokens = await tokens.from_service()
+        return self._bind(spec, tokens, self._fit(spec, tokens.ids, request), request, caller)
 
     @staticmethod
     def _fit(spec: ModelSpec, prompt: list[int], request: GenerationRequest) -> int:
@@ -265,20 +269,11 @@ class Pipeline:
             prompt_field=_prompt_field(request),
         )
 
-    async def _confirmed(self, prepared: Prepared, caller: Caller) -> Prepared:
-        """`prepared` on the tokenizer service's ids (waits for them if they are pending)."""
-        if prepared.confirm is None:
-            return prepared
-        ids = await prepared.confirm
-        if ids == prepared.prompt:
-            self._metrics.speculated.labels("confirmed").inc()
-            return dataclasses.replace(prepared, confirm=None)
-        return self._rebind(prepared, ids, caller)
-
     def _rebind(self, prepared: Prepared, ids: list[int], caller: Caller) -> Prepared:
-        self._metrics.speculated.labels("mismatch").inc()  # PromptTokenizer logs it
+        """`prepared` on the tokenizer service's ids, after they contradicted the router's."""
         spec, request = prepared.spec, prepared.request
-        return self._bind(spec, ids, self._fit(spec, ids, request), request, caller)
+        tokens = PromptTokens(ids)
+        return self._bind(spec, tokens, self._fit(spec, ids, request), request, caller)
 
     async def _prepare_auto(
         self, request: GenerationRequest, caller: Caller, allowed: frozenset[str]
@@ -289,8 +284,10 @@ class Pipeline:
             raise InvalidArgument([FieldViolation("model", "no model is available to `auto`")])
         fitting = 0
         for spec in candidates:
-            prompt = await self._tokenize(spec, request, caller)
-            s = request.sampling
+            tokens = await self._tokenizer.prompt_tokens(
+                spec.name, request, tenant=caller.tenant_id, speculate=False
+            )
+            prompt, s = tokens.ids, request.sampling
             if not fits_context(s, len(prompt), spec.context_length, spec.default_max_tokens):
                 continue
             fitting += 1
@@ -300,7 +297,7 @@ class Pipeline:
             max_tokens = check_max_tokens(
                 s, len(prompt), spec.context_length, spec.default_max_tokens, prompt_field="-"
             )
-            return self._bind(spec, prompt, max_tokens, request, caller)
+            return self._bind(spec, tokens, max_tokens, request, caller)
         if fitting:
             raise Unavailable("no model for `auto` can serve now", retry_after_s=1.0)
         raise InvalidArgument(
@@ -315,11 +312,10 @@ class Pipeline:
     def _bind(
         self,
         spec: ModelSpec,
-        prompt: list[int],
+        tokens: PromptTokens,
         max_tokens: int,
         request: GenerationRequest,
         caller: Caller,
-        confirm: asyncio.Future[list[int]] | None = None,
     ) -> Prepared:
         sampling = common_pb2.SamplingParams()
         sampling.CopyFrom(request.sampling)
@@ -340,35 +336,12 @@ class Pipeline:
         deployments = self._router.deployment_order(spec, caller.regions)
         if not deployments:
             raise Unavailable(f"model {spec.name!r} has no deployment", retry_after_s=60.0)
-        return Prepared(spec, prompt, sampling, deployments, request, confirm)
-
-    async def _tokenize(
-        self, spec: ModelSpec, request: GenerationRequest, caller: Caller
-    ) -> list[int]:
-        tenant = caller.tenant_id
-        if request.kind is Kind.CHAT:
-            return await self._tokenizer.chat_prompt(
-                spec.name, request.messages, tenant=tenant, tools=request.tools
-            )
-        return await self._tokenizer.encode(spec.name, request.prompt, tenant=tenant)
-
-    async def _tokenize_ids(
-        self, spec: ModelSpec, request: GenerationRequest, caller: Caller
-    ) -> PromptIds:
-        tenant = caller.tenant_id
-        if request.kind is Kind.CHAT:
-            return await self._tokenizer.chat_prompt_ids(
-                spec.name, request.messages, tenant=tenant, tools=request.tools
-            )
-        return await self._tokenizer.encode_ids(spec.name, request.prompt, tenant=tenant)
+        return Prepared(spec, tokens, sampling, deployments, request)
 
     async def _admit(self, prepared: Prepared, caller: Caller, policy: TenantPolicy) -> Admission:
-        if prepared.confirm is not None:  # admission counts the service's tokens, nobody else's
+        if not prepared.tokens.confirmed:  # admission counts the service's tokens only
             with phase(self._metrics, "tokenize_confirm"):
-                ids = await prepared.confirm
-            if ids != prepared.prompt:
-                raise _UnconfirmedError(ids)
-            self._metrics.speculated.labels("confirmed").inc()
+                await admitted_ids(prepared.tokens, self._metrics.speculated)
         request = prepared.request
         with phase(self._metrics, "admission"):
             return await self._admitter.admit(
@@ -415,7 +388,7 @@ class Pipeline:
 
 
 def _abandon_reason(error: BaseException) -> str:
-    if isinstance(error, _UnconfirmedError):
+    if isinstance(error, UnconfirmedTokensError):
         return "unconfirmed"
     return "refused" if isinstance(error, ServiceError) else "cancelled"
 

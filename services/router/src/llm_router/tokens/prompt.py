@@ -1,17 +1,21 @@
-"""Which token ids a prompt is admitted on: the tokenizer service's, the router's own while
-they are attested, a memoized answer, or the router's own as a speculation the service's
-answer confirms.
+"""The one owner of prompt tokens: which ids a prompt is admitted on. The tokenizer
+service's, the router's own while they are attested, a memoized answer, or the router's own
+as a speculation the service's answer confirms.
 
 Models that `local` serves are tokenized in-process (see tokens.local), the rest by the
 service. Models that `speculative` serves are tokenized both ways at once (`*_ids`): the
 in-process ids come back at once, the service's as their confirmation; while the service
 attests the router's files (see tokens.attestation), in-process only, with a sampled audit.
 With a memo, an identical prompt from the same tenant is answered from it (see TokenMemo).
+
+Every way ends in a `PromptTokens` value; speculated ids are judged once, at admission
+(`admitted_ids`), where the "confirmed"/"mismatch" verdict is counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +26,7 @@ from llm_common.deadlines import without_deadline
 from llm_common.errors import ServiceError
 from llm_common.logging import get_logger
 from llm_router.clients.tokenizer import TokenizerClient
+from llm_router.requests import GenerationRequest, Kind
 from llm_router.tokens.attestation import Attestation
 from llm_router.tokens.local import LocalTokenizer
 from llm_router.tokens.memo import TokenMemo, memo_key
@@ -30,13 +35,59 @@ from llmapi.common.v1 import common_pb2
 _log = get_logger(__name__)
 
 
+class TokenSource(enum.Enum):
+    """How a prompt's ids were obtained."""
+
+    SERVICE = "service"  # the tokenizer service's answer
+    LOCAL = "local"  # in-process, for a model `ROUTER_TOKENIZE=auto|local` serves
+    MEMO = "memo"  # an earlier answer for the same tenant and prompt
+    ATTESTED = "attested"  # in-process, while the service vouches for the router's files
+    SPECULATED = "speculated"  # in-process, the service's answer still to come (`confirm`)
+
+
 @dataclass(frozen=True, slots=True)
-class PromptIds:
-    """A prompt's token ids. With `confirm` set they are the router's own, computed in-process
-    to start work early; `confirm` resolves to the tokenizer service's, which are the answer."""
+class PromptTokens:
+    """A prompt's token ids and how they were obtained. While `confirm` is set they are the
+    router's own, computed to start work early; it resolves to the tokenizer service's, which
+    are the answer: nothing is admitted before `admitted_ids` has checked them."""
 
     ids: list[int]
+    how: TokenSource = TokenSource.SERVICE
     confirm: asyncio.Future[list[int]] | None = None
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether these ids are final (the service's, or ones it vouches for)."""
+        return self.confirm is None
+
+    async def from_service(self) -> PromptTokens:
+        """The service's ids, without judging the router's (for a prompt the router's ids
+        refuse: the service's answer decides, error or ids)."""
+        if self.confirm is None:
+            return self
+        return PromptTokens(await self.confirm)
+
+
+class UnconfirmedTokensError(Exception):
+    """The tokenizer service's ids differ from the router's own: start over on `ids`."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__("prompt tokens unconfirmed")
+        self.ids = ids
+
+
+async def admitted_ids(tokens: PromptTokens, verdicts: Counter) -> list[int]:
+    """The ids admission counts: the one check of speculated ids, and the one place their
+    verdict (`confirmed` | `mismatch`) is counted. Raises UnconfirmedTokensError on a mismatch
+    (the tokenizer logs it and stops speculating on that model)."""
+    if tokens.confirm is None:
+        return tokens.ids
+    ids = await tokens.confirm
+    if ids != tokens.ids:
+        verdicts.labels("mismatch").inc()
+        raise UnconfirmedTokensError(ids)
+    verdicts.labels("confirmed").inc()
+    return ids
 
 
 class PromptTokenizer:
@@ -62,6 +113,21 @@ class PromptTokenizer:
         # the service's (a skewed rollout), so speculating would only waste replica work.
         self._distrusted: set[str] = set()
 
+    async def prompt_tokens(
+        self, model: str, request: GenerationRequest, *, tenant: str, speculate: bool
+    ) -> PromptTokens:
+        """`request`'s prompt tokens for `model`, speculative only with `speculate` (the `auto`
+        cascade compares exact counts across models, so it does not speculate)."""
+        if request.kind is Kind.CHAT:
+            if speculate:
+                return await self.chat_prompt_ids(
+                    model, request.messages, tenant=tenant, tools=request.tools
+                )
+            return await self._chat_tokens(model, request.messages, tenant, request.tools)
+        if speculate:
+            return await self.encode_ids(model, request.prompt, tenant=tenant)
+        return await self._text_tokens(model, request.prompt, tenant)
+
     async def chat_prompt(
         self,
         model: str,
@@ -73,9 +139,19 @@ class PromptTokenizer:
         """Token ids of the templated conversation, ending with the assistant's turn marker.
 
         With tools the tokenizer service renders it (the in-process path has no tools)."""
-        fetch = self._chat_fetch(model, messages, None if tools else self._local, tools)
+        return (await self._chat_tokens(model, messages, tenant, tools)).ids
+
+    async def _chat_tokens(
+        self,
+        model: str,
+        messages: Sequence[common_pb2.ChatMessage],
+        tenant: str,
+        tools: Sequence[common_pb2.Tool],
+    ) -> PromptTokens:
+        local = None if tools else self._local
+        fetch = self._chat_fetch(model, messages, local, tools)
         key = memo_key(_chat_parts(tenant, model, messages, tools))
-        return await self._memoized(key, fetch)
+        return await self._memoized(key, fetch, _fetched_by(local, model))
 
     async def chat_prompt_ids(
         self,
@@ -84,23 +160,27 @@ class PromptTokenizer:
         *,
         tenant: str = "",
         tools: Sequence[common_pb2.Tool] = (),
-    ) -> PromptIds:
+    ) -> PromptTokens:
         """As chat_prompt; speculative for the models `speculative` serves (without tools)."""
         if tools or self._speculative is None or not self._speculates(model):
-            return PromptIds(await self.chat_prompt(model, messages, tenant=tenant, tools=tools))
+            return await self._chat_tokens(model, messages, tenant, tools)
         key = memo_key(_chat_parts(tenant, model, messages))
         guess = self._speculative.chat_prompt(model, messages)
         return await self._speculate(model, key, self._chat_fetch(model, messages, None), guess)
 
     async def encode(self, model: str, text: str, *, tenant: str = "") -> list[int]:
         """Token ids of a raw prompt, with the tokenizer's special tokens (BOS)."""
-        fetch = self._encode_fetch(model, text, self._local)
-        return await self._memoized(memo_key(_text_parts(tenant, model, text)), fetch)
+        return (await self._text_tokens(model, text, tenant)).ids
 
-    async def encode_ids(self, model: str, text: str, *, tenant: str = "") -> PromptIds:
+    async def _text_tokens(self, model: str, text: str, tenant: str) -> PromptTokens:
+        fetch = self._encode_fetch(model, text, self._local)
+        key = memo_key(_text_parts(tenant, model, text))
+        return await self._memoized(key, fetch, _fetched_by(self._local, model))
+
+    async def encode_ids(self, model: str, text: str, *, tenant: str = "") -> PromptTokens:
         """As encode; speculative for the models `speculative` serves."""
         if self._speculative is None or not self._speculates(model):
-            return PromptIds(await self.encode(model, text, tenant=tenant))
+            return await self._text_tokens(model, text, tenant)
         key = memo_key(_text_parts(tenant, model, text))
         guess = self._speculative.encode(model, text)
         return await self._speculate(model, key, self._encode_fetch(model, text, None), guess)
@@ -139,11 +219,11 @@ class PromptTokenizer:
         key: bytes,
         fetch: Callable[[], Awaitable[list[int]]],
         guess: Coroutine[Any, Any, list[int]],
-    ) -> PromptIds:
+    ) -> PromptTokens:
         remembered = self._recall(key)
         if remembered is not None:  # the service's own ids (or attested ones), from the memo
             guess.close()
-            return PromptIds(remembered)
+            return PromptTokens(remembered, TokenSource.MEMO)
         if self._attestation is not None and self._attestation.attested(model):
             prompt = await self._attested(model, fetch, guess)
             # Attested ids are the service's by its own fingerprint; a repeat (a cache hit, a
@@ -155,27 +235,27 @@ class PromptTokenizer:
         try:
             ids = await guess
         except ServiceError:
-            return PromptIds(await confirm)  # the service's answer decides, error or ids
+            return PromptTokens(await confirm)  # the service's answer decides, error or ids
         except Exception:
             _log.warning("in-process tokenization failed, waiting for the service", exc_info=True)
-            return PromptIds(await confirm)
+            return PromptTokens(await confirm)
         except BaseException:
             confirm.cancel()
             raise
         confirm.add_done_callback(lambda done: self._judge(model, ids, done))
-        return PromptIds(ids, confirm)
+        return PromptTokens(ids, TokenSource.SPECULATED, confirm)
 
     async def _attested(
         self,
         model: str,
         fetch: Callable[[], Awaitable[list[int]]],
         guess: Coroutine[Any, Any, list[int]],
-    ) -> PromptIds:
+    ) -> PromptTokens:
         assert self._attestation is not None
         try:
             ids = await guess
         except Exception:  # refused or failed in-process: the service decides, as speculating
-            return PromptIds(await fetch())
+            return PromptTokens(await fetch())
         if self._attestation.audit():
 
             async def check() -> list[int]:
@@ -185,7 +265,7 @@ class PromptTokenizer:
             audit = asyncio.get_running_loop().create_task(check(), context=without_deadline())
             self._audits.add(audit)
             audit.add_done_callback(lambda done: self._audited(model, ids, done))
-        return PromptIds(ids)
+        return PromptTokens(ids, TokenSource.ATTESTED)
 
     def _audited(self, model: str, guess: list[int], audit: asyncio.Task[list[int]]) -> None:
         self._audits.discard(audit)
@@ -214,11 +294,13 @@ class PromptTokenizer:
                 model=model,
             )
 
-    async def _memoized(self, key: bytes, fetch: Callable[[], Awaitable[list[int]]]) -> list[int]:
+    async def _memoized(
+        self, key: bytes, fetch: Callable[[], Awaitable[list[int]]], how: TokenSource
+    ) -> PromptTokens:
         ids = self._recall(key)
-        if ids is None:
-            ids = await self._fetch_into_memo(key, fetch)
-        return ids
+        if ids is not None:
+            return PromptTokens(ids, TokenSource.MEMO)
+        return PromptTokens(await self._fetch_into_memo(key, fetch), how)
 
     def _recall(self, key: bytes) -> list[int] | None:
         if self._memo is None:
@@ -255,6 +337,10 @@ def _chat_parts(
 
 def _text_parts(tenant: str, model: str, text: str) -> Iterable[bytes]:
     return (b"text", tenant.encode(), model.encode(), text.encode("utf-8", "surrogatepass"))
+
+
+def _fetched_by(local: LocalTokenizer | None, model: str) -> TokenSource:
+    return TokenSource.LOCAL if local is not None and local.serves(model) else TokenSource.SERVICE
 
 
 def _retrieve(future: asyncio.Future[Any]) -> None:
