@@ -15,6 +15,7 @@ from llm_billing.config import LedgerSettings, RedisSettings, Settings
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import PriceBook, load_prices
 from llm_billing.server import Billing, build_billing, build_spec
+from llm_common.redis_conn import is_cluster_url
 from llm_common.testing import (
     PrivateRedis,
     RunningServer,
@@ -63,7 +64,8 @@ def settings(redis_url: str, redis_prefix: str, prices_path: Path) -> Settings:
     """Settings on this test's key prefix (cleaned up by the `redis_client` fixture)."""
     return Settings(
         server=settings_for_tests("billing"),
-        redis=RedisSettings(redis_url),
+        # On a cluster (`make test-cluster`) Reserve/Settle wait for one replica, as in prod.
+        redis=RedisSettings(redis_url, wait_replicas=int(is_cluster_url(redis_url))),
         prices_config=prices_path,
         ledger=LedgerSettings(key_prefix=f"{redis_prefix}billing:"),
     )

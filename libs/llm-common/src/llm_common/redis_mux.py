@@ -33,18 +33,41 @@ READ_CHUNK = 65536
 Command = Sequence[str | int]
 
 
-class Pipelined(Protocol):
-    """Sends commands together; replies in order, error replies as exception objects."""
+@dataclass(frozen=True, slots=True)
+class ReplicaWait:
+    """`WAIT replicas timeout_ms` after the commands: they are acknowledged only once that
+    many replicas have them (a failover then cannot lose them)."""
 
-    async def execute(self, commands: Sequence[Command]) -> list[Any]: ...
+    replicas: int
+    timeout_ms: int
+
+
+class ReplicaWaitError(RedisTimeoutError):
+    """Fewer replicas than asked for confirmed the writes in time; they did run (and may be
+    lost on a failover), so the caller retries an idempotent operation or reports it."""
+
+
+class Pipelined(Protocol):
+    """Sends commands together; replies in order, error replies as exception objects.
+    With `wait`, the replies come once `wait.replicas` replicas have the writes
+    (ReplicaWaitError when they do not in time)."""
+
+    async def execute(
+        self, commands: Sequence[Command], *, wait: ReplicaWait | None = None
+    ) -> list[Any]: ...
 
     async def aclose(self) -> None: ...
 
 
 def pipelined(client: redis.asyncio.Redis, *, decode: bool = True) -> Pipelined:
-    """RedisMux on the client's endpoint, or the client's own pool where RedisMux can't go.
-    `decode=False`: bulk replies stay bytes (binary values); the pool replies as the client
-    was configured to."""
+    """RedisMux on the client's endpoint (ClusterMux, one RedisMux per master, for a
+    RedisCluster), or the client's own pool where RedisMux can't go. `decode=False`: bulk
+    replies stay bytes (binary values); the pool replies as the client was configured to."""
+    from llm_common.redis_cluster_mux import ClusterMux, cluster_of, mux_speaks
+
+    cluster = cluster_of(client)  # (that module imports this one: imported here)
+    if cluster is not None:
+        return ClusterMux(cluster, decode=decode) if mux_speaks(cluster) else PoolPipeline(client)
     endpoint = Endpoint.of(client)
     return PoolPipeline(client) if endpoint is None else RedisMux(endpoint, decode=decode)
 
@@ -92,9 +115,26 @@ class _Link:
         self.last_read = time.monotonic()
         self._out: list[bytes] = []
         self._flush_soon = False
+        self._wait: ReplicaWait | None = None  # a WAIT to write after this turn's commands
+        self._wait_future: asyncio.Future[Any] | None = None
         encoding = "utf-8" if decode else None
         self._parser = hiredis.Reader(encoding=encoding, replyError=ResponseError)
         self.task = asyncio.create_task(self._read(reader), name="redis-mux-reader")
+
+    def send_waiting(
+        self, commands: Sequence[Command], wait: ReplicaWait
+    ) -> tuple[list[asyncio.Future[Any]], asyncio.Future[Any]]:
+        """Queue the commands (see send) and one WAIT after everything queued in this turn:
+        concurrent callers share it (WAIT covers every earlier write of the connection), so
+        a burst costs one replica round trip, not one each. The commands' futures and the
+        WAIT's."""
+        futures = self.send(commands)
+        if self._wait is None or self._wait_future is None:
+            self._wait = wait
+            self._wait_future = asyncio.get_running_loop().create_future()
+        elif (wait.replicas, wait.timeout_ms) > (self._wait.replicas, self._wait.timeout_ms):
+            self._wait = wait
+        return futures, self._wait_future
 
     def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
         """Queue the commands; they are written with everything else queued in this turn of
@@ -112,6 +152,15 @@ class _Link:
 
     def _flush(self) -> None:
         self._flush_soon = False
+        if self._wait is not None and self._wait_future is not None:
+            wait, future = self._wait, self._wait_future
+            self._wait = self._wait_future = None
+            if self.closed:
+                future.set_exception(RedisConnectionError("Redis connection lost"))
+            else:
+                self.pending.append((future, time.monotonic()))
+                command = ("WAIT", wait.replicas, wait.timeout_ms)
+                self._out.append(hiredis.pack_command(command))  # type: ignore[arg-type]
         if not self.closed:
             self.writer.write(b"".join(self._out))
         self._out.clear()
@@ -163,11 +212,18 @@ class PoolPipeline:
     def __init__(self, client: redis.asyncio.Redis) -> None:
         self._client = client
 
-    async def execute(self, commands: Sequence[Command]) -> list[Any]:
+    async def execute(
+        self, commands: Sequence[Command], *, wait: ReplicaWait | None = None
+    ) -> list[Any]:
         async with self._client.pipeline(transaction=False) as pipe:
             for command in commands:
                 pipe.execute_command(*command)
-            return list(await pipe.execute(raise_on_error=False))
+            if wait is not None:  # on the same connection, after the writes
+                pipe.execute_command("WAIT", wait.replicas, wait.timeout_ms)
+            replies = list(await pipe.execute(raise_on_error=False))
+        if wait is not None:
+            check_acked(replies.pop(), wait)
+        return replies
 
     async def aclose(self) -> None:
         """Nothing of its own to close: the pool belongs to the client."""
@@ -183,22 +239,35 @@ class RedisMux:
         self._connecting = asyncio.Lock()
         self._watchdog: asyncio.Task[None] | None = None
 
-    async def execute(self, commands: Sequence[Command]) -> list[Any]:
+    async def execute(
+        self, commands: Sequence[Command], *, wait: ReplicaWait | None = None
+    ) -> list[Any]:
         """Send `commands` together; their replies in order, error replies as exception
         objects (like a redis-py pipeline with raise_on_error=False). A connection failure
-        raises ConnectionError or TimeoutError."""
+        raises ConnectionError or TimeoutError; with `wait`, too few replicas in time raise
+        ReplicaWaitError."""
         link = self._link
         if link is None or link.closed:
             link = await self._connect()
-        futures = link.send(commands)
+        acked: asyncio.Future[Any] | None = None
+        if wait is None:
+            futures = link.send(commands)
+        else:
+            futures, acked = link.send_waiting(commands, wait)
         if link.writer.transport.get_write_buffer_size() > READ_CHUNK:
             await link.writer.drain()  # back-pressure only when Redis lags behind
         replies = []
-        for future in futures:
-            try:
-                replies.append(await future)
-            except ResponseError as exc:
-                replies.append(exc)
+        try:
+            for future in futures:
+                try:
+                    replies.append(await future)
+                except ResponseError as exc:
+                    replies.append(exc)
+            if acked is not None and wait is not None:
+                check_acked(await acked, wait)
+        except RedisConnectionError:
+            _retrieve([*futures, *([] if acked is None else [acked])])
+            raise
         return replies
 
     async def aclose(self) -> None:
@@ -267,12 +336,30 @@ class RedisMux:
                     link.fail(RedisTimeoutError(f"no reply from Redis in {timeout_s} s"))
 
 
+def _retrieve(futures: Sequence[asyncio.Future[Any]]) -> None:
+    """Mark the failed futures' errors as seen (one connection error is raised for all)."""
+    for future in futures:
+        if future.done() and not future.cancelled():
+            future.exception()
+
+
+def check_acked(reply: Any, wait: ReplicaWait) -> None:
+    """Raise ReplicaWaitError unless WAIT's `reply` counts `wait.replicas` replicas."""
+    if isinstance(reply, Exception):
+        raise reply
+    if int(reply) < wait.replicas:
+        raise ReplicaWaitError(
+            f"{reply} of {wait.replicas} replicas confirmed in {wait.timeout_ms} ms"
+        )
+
+
 async def execute_scripts(
     hot: Pipelined,
     commands: Sequence[Command],
     load_scripts: Callable[[], Awaitable[None]],
     *,
     idempotent: bool,
+    wait: ReplicaWait | None = None,
 ) -> list[Any]:
     """`commands` (EVALSHA and others) in one round trip, error replies in place.
 
@@ -283,7 +370,7 @@ async def execute_scripts(
     run before the connection broke."""
     for attempt in range(3):
         try:
-            replies = await hot.execute(commands)
+            replies = await hot.execute(commands, wait=wait)
         except RedisConnectionError:
             if attempt or not idempotent:
                 raise

@@ -19,6 +19,7 @@ from llm_common.config import (
     env_optional_port,
     env_str,
 )
+from llm_common.redis_conn import redis_url_from_env
 
 SERVICE_NAME = "auth"
 DEFAULT_GRPC_PORT = 50051
@@ -66,7 +67,7 @@ class RedisSettings:
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         return cls(
-            url=env_str(environ, "REDIS_URL", DEFAULT_REDIS_URL),
+            url=redis_url_from_env(environ, DEFAULT_REDIS_URL),
             prefix=environ.get("AUTH_REDIS_PREFIX", "auth:").strip(),
             timeout_s=env_float(environ, "AUTH_REDIS_TIMEOUT_S", 0.25, min_value=0.01),
             breaker_fail_max=env_int(environ, "AUTH_REDIS_BREAKER_FAIL_MAX", 3, min_value=1),

@@ -10,6 +10,7 @@ from redis.exceptions import RedisError
 
 from llm_auth.records import as_text
 from llm_common.logging import get_logger
+from llm_common.redis_conn import ensure_ready
 from llm_common.resilience import Backoff
 
 _BACKOFF = Backoff(base=0.2, cap=5.0, jitter=0.2)
@@ -58,6 +59,7 @@ class KeyEventSubscriber:
                 await asyncio.sleep(_BACKOFF.delay(min(failures, 10)))
 
     async def _listen(self) -> None:
+        await ensure_ready(self._client, refresh=True)  # a cluster's pub/sub needs its slot map
         pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe(self._channel)

@@ -8,17 +8,32 @@ from typing import ParamSpec, TypeVar
 import redis.asyncio
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ClusterDownError,
+    DataError,
+    RedisClusterException,
+    ResponseError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import DataError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from llm_auth.config import RedisSettings
+from llm_common.redis_conn import cluster_client, is_cluster_url
 from llm_common.resilience import AsyncBreaker, BreakerMetrics, BreakerOpen
 
 P = ParamSpec("P")
 T = TypeVar("T")
 # Only these mean "Redis is not there"; a script error is a bug and must stay loud.
-_OUTAGES = (RedisConnectionError, RedisTimeoutError, OSError)
+_OUTAGES = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    # A Redis Cluster in the middle of a failover: no owner for a slot yet.
+    ClusterDownError,
+    TryAgainError,
+    RedisClusterException,
+)
 POOL_WAIT_S = 1.0  # longest wait for a free connection when all are busy
 
 
@@ -29,7 +44,14 @@ class StoreUnavailable(Exception):  # noqa: N818 - reads as a state
 def connect(settings: RedisSettings) -> redis.asyncio.Redis:
     """A client that fails within `timeout_s` instead of retrying (the breaker and the callers'
     fallbacks decide what happens next), on a bounded pool: a burst of requests waits for a
-    connection instead of opening thousands."""
+    connection instead of opening thousands. A `redis+cluster://` URL: a RedisCluster."""
+    if is_cluster_url(settings.url):
+        return cluster_client(
+            settings.url,
+            timeout_s=settings.timeout_s,
+            max_connections=settings.max_connections,
+            retries=1,
+        )
     pool = redis.asyncio.BlockingConnectionPool.from_url(
         settings.url,
         max_connections=settings.max_connections,

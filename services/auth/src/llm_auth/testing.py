@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import redis.asyncio
 import yaml
 from prometheus_client import CollectorRegistry
 
@@ -33,6 +32,7 @@ from llm_auth.records import KeyRecord
 from llm_auth.server import AuthApp
 from llm_common.channels import make_channel
 from llm_common.metrics import RpcMetrics
+from llm_common.redis_conn import open_client
 from llm_common.testing import running_server, settings_for_tests
 
 ENVOY_START_TIMEOUT_S = 20.0
@@ -350,7 +350,7 @@ async def serving(
 
 async def delete_prefix(redis_url: str, prefix: str) -> None:
     """Remove every key under `prefix` (never anything else in the shared Redis)."""
-    client = redis.asyncio.Redis.from_url(redis_url)
+    client = open_client(redis_url, timeout_s=5.0)
     try:
         keys = [key async for key in client.scan_iter(match=f"{prefix}*", count=500)]
         if keys:

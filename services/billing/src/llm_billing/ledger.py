@@ -32,7 +32,7 @@ from llm_common.errors import (
     ServiceError,
     Unavailable,
 )
-from llm_common.redis_mux import Command, Pipelined, execute_scripts, pipelined
+from llm_common.redis_mux import Command, Pipelined, ReplicaWait, execute_scripts, pipelined
 
 SWEEP_BATCH = 500
 # A tenant is re-added to the tenants set at most this often by one process (the SADD is
@@ -160,8 +160,13 @@ class Ledger:
         clock: Callable[[], int] = now_ms,
         hot: Pipelined | None = None,
         outbox: bool = False,
+        wait: ReplicaWait | None = None,
     ) -> None:
         self._client = client
+        # Reserve and Settle are acknowledged only once `wait.replicas` replicas have them
+        # (WAIT after the scripts, one per burst on the shared connection): a failover then
+        # cannot lose a charge the caller was told about. None: no wait (one node).
+        self._wait = wait
         # With the usage store on, the scripts append each final usage to the tenant's
         # outbox stream in the same atomic step as the ledger change (see outbox.py).
         self._outbox = outbox
@@ -223,16 +228,21 @@ class Ledger:
         ]
         if register:
             commands.append(["SADD", self._keys.tenants(), r.tenant_id])
-        reply, _, owner, *_ = _raise_first(await self._run(commands))
+        reply, _, owner, *_ = _raise_first(await self._run(commands, wait=self._wait))
         if register:
             self._tenants.registered(r.tenant_id)
         return reply, None if owner is None else str(owner)
 
-    async def _run(self, commands: list[Command]) -> list[Any]:
+    async def _run(self, commands: list[Command], wait: ReplicaWait | None = None) -> list[Any]:
         """The commands in one round trip; every command here is idempotent, so they are
-        sent again after a lost connection or NOSCRIPT (see execute_scripts)."""
+        sent again after a lost connection or NOSCRIPT (see execute_scripts). With `wait`,
+        acknowledged once that many replicas have them (else ReplicaWaitError: retryable)."""
         return await execute_scripts(
-            self._hot, commands, lambda: self._scripts.load(self._client), idempotent=True
+            self._hot,
+            commands,
+            lambda: self._scripts.load(self._client),
+            idempotent=True,
+            wait=wait,
         )
 
     async def settle(self, s: SettleInput) -> Settlement:
@@ -279,7 +289,7 @@ class Ledger:
         for op, tenant in zip(ops, tenants, strict=True):
             if tenant is not None:
                 commands.append(self._batch_command(op, tenant))
-        replies = iter(await self._run(commands) if commands else [])
+        replies = iter(await self._run(commands, wait=self._wait) if commands else [])
         pending = [
             self._batch_outcome(op, None if tenant is None else next(replies))
             for op, tenant in zip(ops, tenants, strict=True)
@@ -390,7 +400,7 @@ class Ledger:
         keys = self._settle_keys(tenant, s.request_id)
         args = [*self._settle_args(s, self._keys.tenant_base(tenant)), *extra]
         command = ["EVALSHA", self._scripts.settle.sha, len(keys), *keys, *args]
-        (reply,) = _raise_first(await self._run([command]))
+        (reply,) = _raise_first(await self._run([command], wait=self._wait))
         return cast(list[str], reply)
 
     def _settle_args(self, s: SettleInput, base: str) -> list[str | int]:

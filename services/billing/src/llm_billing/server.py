@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import grpc
 import redis.asyncio
+from redis.exceptions import RedisClusterException
 
 from llm_billing.budgets import Budgets
 from llm_billing.config import Settings
@@ -17,13 +18,14 @@ from llm_billing.ledger import Ledger
 from llm_billing.metrics import BillingMetrics, default_billing_metrics
 from llm_billing.prices import PriceBook, load_prices
 from llm_billing.service import BillingServicer
-from llm_billing.store import STORE_UNAVAILABLE, make_client, now_ms
+from llm_billing.store import STORE_UNAVAILABLE, make_client, now_ms, replica_wait
 from llm_billing.sweeper import Sweeper
 from llm_billing.usage import UsageReader
 from llm_billing.usage_store import UsageStoreParts, build_usage_store
 from llm_common import server as common_server
 from llm_common.config import ConfigError
 from llm_common.logging import get_logger
+from llm_common.redis_conn import is_cluster_client
 from llm_common.resilience import Backoff
 from llm_common.server import BuiltServer, ServiceSpec
 from llmapi.billing.v1 import billing_service_pb2 as pb
@@ -72,7 +74,10 @@ def build_billing(
     keys = KeySpace(settings.ledger.key_prefix)
     metrics = metrics or default_billing_metrics()
     store_on = settings.usage_store.enabled
-    ledger = Ledger(client, keys, prices, settings.ledger, clock=clock, outbox=store_on)
+    ledger = Ledger(
+        client, keys, prices, settings.ledger, clock=clock, outbox=store_on,
+        wait=replica_wait(settings.redis),
+    )  # fmt: skip
     budgets = Budgets(client, keys, prices.currency, clock=clock)
     usage, invoices = UsageReader(client, keys), InvoiceExporter(client, keys)
     parts = None
@@ -111,6 +116,10 @@ def build_spec(billing: Billing) -> ServiceSpec:
     )
 
 
+# Redis is not (yet) there; RedisClusterException: no seed node of a cluster answers.
+START_FAILURES: tuple[type[Exception], ...] = (*STORE_UNAVAILABLE, RedisClusterException)
+
+
 async def wait_for_redis(client: redis.asyncio.Redis, backoff: Backoff = REDIS_WAIT) -> None:
     """PING until Redis answers; ConfigError (naming REDIS_URL) when it never does."""
     delays = iter(backoff)
@@ -118,11 +127,12 @@ async def wait_for_redis(client: redis.asyncio.Redis, backoff: Backoff = REDIS_W
         try:
             await client.ping()
             return
-        except STORE_UNAVAILABLE as exc:
+        except START_FAILURES as exc:
             delay = next(delays, None)
             if delay is None:
                 raise ConfigError.for_variable(
-                    "REDIS_URL", f"Redis did not answer ({type(exc).__name__})"
+                    "REDIS_CLUSTER_NODES" if is_cluster_client(client) else "REDIS_URL",
+                    f"Redis did not answer ({type(exc).__name__})",
                 ) from exc
             _log.warning("waiting for Redis", error=type(exc).__name__, retry_in_s=delay)
             await asyncio.sleep(delay)

@@ -15,6 +15,7 @@ from llm_billing.config import RedisSettings
 from llm_common.errors import Unavailable
 from llm_common.logging import get_logger
 from llm_common.redis_conn import cluster_client, is_cluster_url
+from llm_common.redis_mux import ReplicaWait
 
 RETRY_AFTER_S = 1.0
 # Failures that say "the store is not there right now", not "this request is wrong".
@@ -56,6 +57,13 @@ def make_client(settings: RedisSettings) -> redis.asyncio.Redis:
         ),
     )
     return redis.asyncio.Redis(connection_pool=pool)
+
+
+def replica_wait(settings: RedisSettings) -> ReplicaWait | None:
+    """The WAIT Reserve/Settle make (BILLING_WAIT_REPLICAS, BILLING_WAIT_TIMEOUT_MS)."""
+    if settings.wait_replicas <= 0:
+        return None
+    return ReplicaWait(settings.wait_replicas, settings.wait_timeout_ms)
 
 
 def now_ms() -> int:

@@ -33,6 +33,7 @@ from llm_common.errors import (
     NotFound,
     QuotaExceeded,
 )
+from llm_common.redis_conn import open_sync_client
 from llm_common.redis_mux import PoolPipeline
 
 pytestmark = pytest.mark.integration
@@ -122,7 +123,7 @@ def test_lua_rounding_is_the_exact_ceiling(redis_url: str, parts: list[tuple[int
     # The Lua cost() against exact integer arithmetic, over the whole allowed range.
     flat = ", ".join(f"{t}, {p}" for t, p in parts)
     source = script_source("expire").split("\n-- Expire:")[0] + f"\nreturn fmt(cost({{{flat}}}))"
-    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+    with open_sync_client(redis_url, decode_responses=True) as client:
         result = int(client.eval(source, 0))
     numerator = sum(t * p for t, p in parts)
     assert result == -(-numerator // 1_000_000)

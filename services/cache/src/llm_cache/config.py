@@ -16,6 +16,7 @@ from llm_common.config import (
     env_int,
     env_str,
 )
+from llm_common.redis_conn import URL_PREFIXES, redis_url_from_env
 
 SERVICE_NAME = "cache"
 DEFAULT_GRPC_PORT = 50055
@@ -36,7 +37,7 @@ class RedisSettings:
     breaker_reset_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("redis://", "rediss://", "unix://")):
+        if not self.url.startswith(URL_PREFIXES):
             raise ConfigError.for_variable(
                 "REDIS_URL", "must be a redis://, rediss:// or unix:// URL"
             )
@@ -49,7 +50,7 @@ class RedisSettings:
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         d = cls()
         return cls(
-            url=env_str(environ, "REDIS_URL", d.url),
+            url=redis_url_from_env(environ, d.url),
             key_prefix=env_str(environ, "CACHE_KEY_PREFIX", d.key_prefix),
             timeout_s=env_float(environ, "CACHE_REDIS_TIMEOUT_S", d.timeout_s, min_value=0.001),
             breaker_fail_max=env_int(

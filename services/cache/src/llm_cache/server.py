@@ -27,6 +27,7 @@ from llm_cache.store import RedisStore
 from llm_cache.sync import IndexSync
 from llm_common import server as common_server
 from llm_common.config import ConfigError
+from llm_common.redis_conn import cluster_client, is_cluster_url
 from llm_common.resilience import AsyncBreaker, BreakerMetrics
 from llm_common.server import BuiltServer, ServiceSpec
 from llmapi.cache.v1 import cache_service_pb2 as pb
@@ -44,6 +45,8 @@ _FOLLOW_TIMEOUT_S = 5.0  # the follower's XREAD blocks for 0.9 s
 def redis_client(settings: RedisSettings, *, timeout_s: float | None = None) -> aioredis.Redis:
     """A client that fails fast: short timeouts and no retries (the breaker decides)."""
     timeout = settings.timeout_s if timeout_s is None else timeout_s
+    if is_cluster_url(settings.url):
+        return cluster_client(settings.url, timeout_s=timeout, retries=1)
     return aioredis.Redis.from_url(
         settings.url,
         socket_timeout=timeout,
