@@ -12,7 +12,6 @@ import grpc
 
 from llm_common import server as common_server
 from llm_common.channels import make_channel
-from llm_common.config import ConfigError
 from llm_common.models_config import ModelCatalog, load_catalog
 from llm_common.outbox import Outbox
 from llm_common.resilience import AsyncBreaker
@@ -35,6 +34,7 @@ from llm_router.config import Settings
 from llm_router.embedder import Embedder
 from llm_router.observability import RouterMetrics
 from llm_router.openai_http import OpenAIHttp, start_openai_http
+from llm_router.openai_http.in_process import InProcessLLMService
 from llm_router.pipeline import Pipeline
 from llm_router.routing.dispatch import Dispatcher
 from llm_router.routing.load import LoadBoard
@@ -98,9 +98,11 @@ class Runtime:
         self.attesting.start()
         self.spool.start()
         if self.http_listen is not None:
+            # In-process: the HTTP layer calls this servicer, not this router's gRPC port.
+            llm = InProcessLLMService(self.servicer, SELF_LOGGED_METHODS)
             listen = self.http_listen
             self.http = await start_openai_http(
-                listen.host, listen.port, listen.grpc_target, region_header=self.region_header
+                listen.host, listen.port, llm, region_header=self.region_header
             )
 
     async def stop(self) -> None:
@@ -361,21 +363,16 @@ def _near_cache(
 
 @dataclass(frozen=True, slots=True)
 class HttpListen:
-    """Where the OpenAI listener binds, and the router's own gRPC target it calls."""
+    """Where the OpenAI listener binds."""
 
     host: str
     port: int
-    grpc_target: str
 
 
 def _http_listen(settings: Settings) -> HttpListen | None:
-    """Where the OpenAI listener binds, and the gRPC port it calls (fixed ports only)."""
     if settings.http_port is None:
         return None
-    if not settings.server.grpc_port:
-        raise ConfigError("ROUTER_HTTP_PORT: needs a fixed GRPC_PORT to call the router on")
-    grpc_target = f"127.0.0.1:{settings.server.grpc_port}"
-    return HttpListen(settings.http_host, settings.http_port, grpc_target)
+    return HttpListen(settings.http_host, settings.http_port)
 
 
 async def serve(

@@ -10,6 +10,7 @@ from opentelemetry import propagate, trace
 
 from llm_router.openai_http import chunks, responses, translate
 from llm_router.openai_http.errors import SERVER, OpenAIError, from_rpc_error
+from llm_router.openai_http.in_process import InProcessLLMService
 from llm_router.openai_http.wire import HttpRequest, ResponseWriter
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
@@ -26,13 +27,15 @@ FORWARDED_HEADERS = (
 )
 SSE_HEADERS = {"content-type": "text/event-stream", "cache-control": "no-cache"}
 Handler = Callable[[HttpRequest, ResponseWriter], Awaitable[None]]
+# LLMService in this process (the router's own), or over gRPC (a translator hosted apart).
+LLMCalls = InProcessLLMService | pb_grpc.LLMServiceStub
 _tracer = trace.get_tracer(__name__)
 
 
 class OpenAIApp:
     """Routes /v1/ requests; every answer, errors included, is OpenAI-shaped JSON or SSE."""
 
-    def __init__(self, stub: pb_grpc.LLMServiceStub, region_header: str = "x-llm-region") -> None:
+    def __init__(self, stub: LLMCalls, region_header: str = "x-llm-region") -> None:
         self._stub = stub
         self._forwarded = (*FORWARDED_HEADERS, region_header)
         self._routes: dict[tuple[str, str], Handler] = {

@@ -12,6 +12,7 @@ from llm_common.channels import make_channel
 from llm_common.logging import get_logger
 from llm_router.openai_http.app import OpenAIApp
 from llm_router.openai_http.errors import OpenAIError
+from llm_router.openai_http.in_process import InProcessLLMService
 from llm_router.openai_http.wire import (
     CONTINUE,
     MAX_BODY_BYTES,
@@ -34,7 +35,9 @@ class _Connection:
 class OpenAIHttp:
     """A running listener; `port` is the bound port (useful with port 0)."""
 
-    def __init__(self, app: OpenAIApp, channel: grpc.aio.Channel, max_body_bytes: int) -> None:
+    def __init__(
+        self, app: OpenAIApp, channel: grpc.aio.Channel | None, max_body_bytes: int
+    ) -> None:
         self._app = app
         self._channel = channel
         self._max_body = max_body_bytes
@@ -98,22 +101,28 @@ class OpenAIHttp:
             await asyncio.gather(*late, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
-        await self._channel.close()
+        if self._channel is not None:
+            await self._channel.close()
 
 
 async def start_openai_http(
     host: str,
     port: int,
-    llm_target: str,
+    llm: InProcessLLMService | str,
     *,
     region_header: str = "x-llm-region",
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> OpenAIHttp:
     """Serve the OpenAI-compatible API on host:port (0 = a free port), translating every call
-    onto LLMService at `llm_target` (the router's own gRPC port)."""
-    # No gRPC-level retries: the edge already retries this hop.
-    channel = make_channel(llm_target, retry_unavailable=False)
-    app = OpenAIApp(pb_grpc.LLMServiceStub(channel), region_header)
+    onto LLMService: in this process (the router's own servicer), or at a gRPC target (a
+    translator hosted apart from its router)."""
+    channel = None
+    if isinstance(llm, str):
+        # No gRPC-level retries: the edge already retries this hop.
+        channel = make_channel(llm, retry_unavailable=False)
+        app = OpenAIApp(pb_grpc.LLMServiceStub(channel), region_header)
+    else:
+        app = OpenAIApp(llm, region_header)
     listener = OpenAIHttp(app, channel, max_body_bytes)
     await listener._start(host, port)
     _log.info("openai http listening", port=listener.port)

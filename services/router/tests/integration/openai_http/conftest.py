@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import pytest
 import pytest_asyncio
 
 from llm_common.errors import (
@@ -25,6 +26,7 @@ from llm_common.errors import (
 from llm_common.server import ServiceSpec
 from llm_common.testing import running_server
 from llm_router.openai_http import OpenAIHttp, start_openai_http
+from llm_router.openai_http.in_process import InProcessLLMService
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
@@ -185,9 +187,18 @@ class Listener:
         return f"http://127.0.0.1:{self.http.port}/v1"
 
 
-@pytest_asyncio.fixture
-async def listener() -> AsyncIterator[Listener]:
+@pytest_asyncio.fixture(params=["in_process", "grpc"])
+async def listener(request: pytest.FixtureRequest) -> AsyncIterator[Listener]:
+    """The listener as the router runs it (the servicer called in-process) and as a
+    translator hosted apart (over gRPC): every test holds for both."""
     llm = ScriptedLLM()
+    if request.param == "in_process":
+        http = await start_openai_http("127.0.0.1", 0, InProcessLLMService(llm))
+        try:
+            yield Listener(http, llm)
+        finally:
+            await http.close(grace_s=1.0)
+        return
 
     def register(server: grpc.aio.Server) -> None:
         pb_grpc.add_LLMServiceServicer_to_server(llm, server)
