@@ -283,3 +283,23 @@ def test_unknown_paths_are_not_routed(stack: RunningStack) -> None:
         with pytest.raises(grpc.RpcError) as err:
             settle(b"", metadata=bearer(stack.demo_key), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_invoices_are_reachable_through_the_edge_for_admins_only(stack: RunningStack) -> None:
+    request = billing_pb.CreateInvoiceRequest(tenant_id="e2e-invoiced", month="2020-01")
+    with grpc.insecure_channel(stack.edge) as channel:
+        billing = billing_grpc.BillingServiceStub(channel)
+        created = billing.CreateInvoice(request, metadata=bearer(stack.admin_key), timeout=30)
+        again = billing.GetInvoice(
+            billing_pb.GetInvoiceRequest(tenant_id="e2e-invoiced", month="2020-01"),
+            metadata=bearer(stack.admin_key),
+            timeout=10,
+        )
+        assert again.invoice == created.invoice
+        with pytest.raises(grpc.RpcError) as plain:
+            billing.GetInvoice(
+                billing_pb.GetInvoiceRequest(tenant_id="e2e-invoiced", month="2020-01"),
+                metadata=bearer(stack.demo_key),
+                timeout=10,
+            )
+    assert plain.value.code() == grpc.StatusCode.PERMISSION_DENIED
