@@ -48,8 +48,13 @@ class BatchShape:
     max_in_flight: int
 
 
-# A queued call, its caller's future and its caller's context.
-_Queued = tuple[Call, "asyncio.Future[Response]", contextvars.Context]
+@dataclass(frozen=True, slots=True)
+class _Queued(Generic[Call, Response]):
+    """A queued call, its caller's future and its caller's context."""
+
+    call: Call
+    future: asyncio.Future[Response]
+    context: contextvars.Context
 
 
 class CallBatcher(Generic[Call, Response]):
@@ -97,7 +102,7 @@ class CallBatcher(Generic[Call, Response]):
         """Queue `call`; its response once its batch is answered, else its ServiceError."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Response] = loop.create_future()
-        self._queue.append((call, future, contextvars.copy_context()))
+        self._queue.append(_Queued(call, future, contextvars.copy_context()))
         room = self._room()
         if len(self._queue) >= self._max_items or (room and self._linger_s <= 0):
             self._send_queued()
@@ -130,7 +135,7 @@ class CallBatcher(Generic[Call, Response]):
         batch, self._queue = self._queue, []
         # In the first caller's context, whoever sends it (a returning call or a timer runs in
         # some other caller's), without its deadline: each caller stops waiting at its own.
-        context = without_deadline(batch[0][2])
+        context = without_deadline(batch[0].context)
         task = asyncio.get_running_loop().create_task(self._send(batch), context=context)
         self._in_flight.add(task)
         task.add_done_callback(self._after)
@@ -140,11 +145,13 @@ class CallBatcher(Generic[Call, Response]):
         try:
             results = await self._call(batch)
         except Exception as exc:  # the whole call failed: each caller sees it as its own
-            for _, future, _ in batch:
+            for queued in batch:
+                future = queued.future
                 if not future.done():
                     future.set_exception(exc)
             return
-        for (_, future, _), result in zip(batch, results, strict=True):
+        for queued, result in zip(batch, results, strict=True):
+            future = queued.future
             if future.done():  # its caller was cancelled
                 continue
             if isinstance(result, Exception):
@@ -153,10 +160,10 @@ class CallBatcher(Generic[Call, Response]):
                 future.set_result(result)
 
     async def _call(self, batch: list[_Queued[Call, Response]]) -> Sequence[Response | Exception]:
-        calls = [c for c, _, _ in batch]
+        calls = [queued.call for queued in batch]
         if len(batch) == 1:  # its caller's own trace holds the call
             return await self._send_batch(calls, self._timeout_s)
-        riders = [context.run(otel_context.get_current) for _, _, context in batch[1:]]
+        riders = [queued.context.run(otel_context.get_current) for queued in batch[1:]]
         others = (trace.get_current_span(rider).get_span_context() for rider in riders)
         links = [trace.Link(span) for span in others if span.is_valid]
         attributes = {"batch.items": len(batch)}

@@ -5,6 +5,15 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class _Placement:
+    """Which replica last received a block, and when (the clock's time)."""
+
+    replica: str
+    at: float
 
 
 def prefix_chain(
@@ -40,7 +49,7 @@ class AffinityTable:
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._entries: OrderedDict[int, tuple[str, float]] = OrderedDict()
+        self._entries: OrderedDict[int, _Placement] = OrderedDict()
         self._footprint: Counter[str] = Counter()
         self._max_entries = max_entries
         self._ttl_s = ttl_s
@@ -57,9 +66,9 @@ class AffinityTable:
         # Deepest first: a replica's longest match is the first hit naming it.
         for depth in range(len(chain), 0, -1):
             entry = self._entries.get(chain[depth - 1])
-            if entry is None or now - entry[1] > self._ttl_s:
+            if entry is None or now - entry.at > self._ttl_s:
                 continue
-            replica = entry[0]
+            replica = entry.replica
             if replica in wanted and replica not in found:
                 found[replica] = depth
                 if len(found) == len(wanted):
@@ -76,17 +85,17 @@ class AffinityTable:
         for block_hash in chain:
             previous = self._entries.get(block_hash)
             if previous is not None:
-                self._footprint[previous[0]] -= 1
-            self._entries[block_hash] = (replica, now)
+                self._footprint[previous.replica] -= 1
+            self._entries[block_hash] = _Placement(replica, now)
             self._entries.move_to_end(block_hash)
             self._footprint[replica] += 1
         while len(self._entries) > self._max_entries:
-            _, (evicted, _) = self._entries.popitem(last=False)
-            self._footprint[evicted] -= 1
+            _, evicted = self._entries.popitem(last=False)
+            self._footprint[evicted.replica] -= 1
 
     def forget(self, replica: str) -> None:
         """Drop every entry of `replica` (it restarted or was removed: its cache is cold)."""
-        stale = [h for h, (r, _) in self._entries.items() if r == replica]
+        stale = [h for h, entry in self._entries.items() if entry.replica == replica]
         for block_hash in stale:
             del self._entries[block_hash]
         self._footprint.pop(replica, None)
