@@ -122,10 +122,12 @@ constraints: ## re-pin constraints.txt from the current venv
 	  $(PIP) freeze --exclude-editable | grep -v -iE '^(-e|llm-|llmapi-proto|llmctl)' \
 	    | sed -E 's/\+cpu//; s/^([A-Za-z0-9_.-]+) @ .*-([0-9][^-]*)-py3-.*/\1==\2/' | sort -f; } > constraints.txt
 
-# MODEL=/path/to/hf-checkpoint [MODEL_NAME=name] [MODEL_REPLICAS=n] serves your own checkpoint
-# (validated first; README "Serve your own model") in place of the demo generation model.
+# The generation model `make up` serves: demo-chat, trained and committed (infra/model/README.md),
+# unless MODEL=/path/to/hf-checkpoint [MODEL_NAME=name] [MODEL_REPLICAS=n] names your own
+# (validated first; README "Serve your own model"). Tests start llm_stack without --model: demo-llama.
+CHAT_MODEL := infra/model/demo-chat
 up: model ## the whole platform on this host (MODEL=dir serves your checkpoint); Ctrl-C or `make down` stops it
-	$(PY) -m llm_stack up $(if $(MODEL),--model '$(MODEL)') $(if $(MODEL_NAME),--model-name '$(MODEL_NAME)') \
+	$(PY) -m llm_stack up --model '$(or $(MODEL),$(CHAT_MODEL))' $(if $(MODEL_NAME),--model-name '$(MODEL_NAME)') \
 	  $(if $(MODEL_REPLICAS),--model-replicas $(MODEL_REPLICAS))
 
 down: ## stop what `make up` started

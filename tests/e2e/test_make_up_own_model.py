@@ -198,3 +198,47 @@ def test_broken_checkpoint_is_refused_at_start(
         assert text.startswith(f"llm-stack: cannot serve {checkpoint}: {expected}")
     finally:
         _down(up_env, up)
+
+
+def test_make_up_default_serves_demo_chat_in_english(up_env: dict[str, str]) -> None:
+    """What `make up` runs (--model infra/model/demo-chat): llmctl's story is English words and
+    a JSON-schema reply parses."""
+    import json
+    import re
+
+    import openai
+
+    up, seen = _start(up_env, "--model", str(REPO / "infra/model/demo-chat"))
+    try:
+        assert up.poll() is None, "make up exited:\n" + "".join(seen)
+        export = next(line for line in seen if "export LLM_API_ADDR=" in line)
+        addr, key = export.split("LLM_API_ADDR=")[1].split(" LLM_API_KEY=")
+        env = up_env | {"LLM_API_ADDR": addr, "LLM_API_KEY": key.strip()}
+        chat = subprocess.run(
+            [str(Path(sys.executable).parent / "llmctl"), "chat", "Tell me a story",
+             "--temperature", "0", "--max-tokens", "48", "--no-cache"],
+            env=env, capture_output=True, text=True, timeout=120, check=True,
+        )  # fmt: skip
+        words = re.findall(r"[A-Za-z]+", chat.stdout)
+        assert len(words) >= 8, chat.stdout
+        assert sum(len(w) for w in words) >= 0.6 * len(chat.stdout.strip()), chat.stdout
+        client = openai.OpenAI(base_url=f"http://{addr}/v1", api_key=key.strip(), max_retries=0)
+        schema = {
+            "type": "object",
+            "properties": {"topic": {"type": "string", "maxLength": 40}},
+            "required": ["topic"],
+            "additionalProperties": False,
+        }
+        reply = client.chat.completions.create(
+            model="demo-chat",
+            messages=[{"role": "user", "content": "Describe a list as JSON."}],
+            max_tokens=128,
+            temperature=0,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "t", "schema": schema, "strict": True},
+            },
+        )
+        assert isinstance(json.loads(reply.choices[0].message.content or ""), dict)
+    finally:
+        _down(up_env, up)
