@@ -1,7 +1,7 @@
 """gRPC core settings every service process starts with, set by whatever launches it.
 
 grpc-core reads them from the environment once, when the process first imports grpc, so a
-service cannot set them for itself: the images (ENV in each Dockerfile), the local stack
+service cannot set them for itself: the images (ENV in infra/docker/Dockerfile), the local stack
 (llm_stack) and the benchmarks put them into the environment of the processes they start.
 A value already in the environment wins, so an operator can override or clear each one.
 
