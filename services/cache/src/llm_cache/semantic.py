@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ import numpy as np
 from llm_cache import guard
 from llm_cache.encoder import Encoder
 from llm_cache.index import Candidate, Vector, VectorIndex
+from llm_common.bounded_map import BoundedTTLMap
 
 T = TypeVar("T")
 _RECENT_EMBEDDINGS = 4096  # a Store right after a missed Lookup reuses its embedding
@@ -72,7 +72,7 @@ class SemanticEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic")
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
-        self._recent: OrderedDict[str, Embedding] = OrderedDict()
+        self._recent: BoundedTTLMap[str, Embedding] = BoundedTTLMap(_RECENT_EMBEDDINGS)
 
     def __contains__(self, entry_id: object) -> bool:
         return entry_id in self._index  # a dict lookup: safe outside the worker
@@ -167,7 +167,7 @@ class SemanticEngine:
         return Search(embedding, tuple(found))
 
     def _embed_all(self, texts: list[str]) -> dict[str, Embedding]:
-        result = {t: e for t in texts if (e := self._recent.get(t)) is not None}
+        result = {t: e for t in texts if (e := self._recent.peek(t)) is not None}
         todo = list(dict.fromkeys(t for t in texts if t not in result))
         if todo:
             encoded = self._encoder.encode(todo)
@@ -175,10 +175,7 @@ class SemanticEngine:
                 vector = None if encoded.truncated[i] else np.ascontiguousarray(encoded.vectors[i])
                 result[text] = Embedding(vector, guard.extract(text))
         for text, embedding in result.items():
-            self._recent[text] = embedding
-            self._recent.move_to_end(text)
-        while len(self._recent) > _RECENT_EMBEDDINGS:
-            self._recent.popitem(last=False)
+            self._recent.put(text, embedding)
         return result
 
     def _put(self, items: Sequence[IndexItem]) -> int:

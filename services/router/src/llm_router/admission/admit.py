@@ -8,9 +8,9 @@ import dataclasses
 import hashlib
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 
+from llm_common.bounded_map import BoundedTTLMap
 from llm_common.errors import (
     FailedPrecondition,
     NotFound,
@@ -70,21 +70,18 @@ class RefusalMemo:
         max_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._until: OrderedDict[tuple[str, str], float] = OrderedDict()
-        self._max_entries = max_entries
+        # Each caller expires when its own RetryInfo period ends.
+        self._refused: BoundedTTLMap[tuple[str, str], bool] = BoundedTTLMap(
+            max_entries, clock=clock
+        )
         self._max_s = max_s
-        self._clock = clock
 
     def refused(self, caller: Caller, retry_after_s: float | None) -> None:
-        key = (caller.tenant_id, caller.key_id)
-        self._until[key] = self._clock() + min(retry_after_s or 1.0, self._max_s)
-        self._until.move_to_end(key)
-        while len(self._until) > self._max_entries:
-            self._until.popitem(last=False)
+        ttl_s = min(retry_after_s or 1.0, self._max_s)
+        self._refused.put((caller.tenant_id, caller.key_id), True, ttl_s=ttl_s)
 
     def recent(self, caller: Caller) -> bool:
-        until = self._until.get((caller.tenant_id, caller.key_id))
-        return until is not None and self._clock() < until
+        return (caller.tenant_id, caller.key_id) in self._refused
 
 
 class Admitter:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+from llm_common.bounded_map import BoundedTTLMap
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +51,12 @@ class AffinityTable:
         ttl_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._entries: OrderedDict[int, _Placement] = OrderedDict()
+        # No TTL in the map: an expired placement still counts in its replica's footprint
+        # until it is evicted or replaced, and `matches` skips it by age.
+        self._entries: BoundedTTLMap[int, _Placement] = BoundedTTLMap(
+            max_entries, on_evict=self._evicted, clock=clock
+        )
         self._footprint: Counter[str] = Counter()
-        self._max_entries = max_entries
         self._ttl_s = ttl_s
         self._clock = clock
 
@@ -65,7 +70,7 @@ class AffinityTable:
         now = self._clock()
         # Deepest first: a replica's longest match is the first hit naming it.
         for depth in range(len(chain), 0, -1):
-            entry = self._entries.get(chain[depth - 1])
+            entry = self._entries.peek(chain[depth - 1])
             if entry is None or now - entry.at > self._ttl_s:
                 continue
             replica = entry.replica
@@ -83,19 +88,18 @@ class AffinityTable:
         """`replica` now holds every block of `chain` (the request was sent there)."""
         now = self._clock()
         for block_hash in chain:
-            previous = self._entries.get(block_hash)
+            previous = self._entries.peek(block_hash)
             if previous is not None:
                 self._footprint[previous.replica] -= 1
-            self._entries[block_hash] = _Placement(replica, now)
-            self._entries.move_to_end(block_hash)
             self._footprint[replica] += 1
-        while len(self._entries) > self._max_entries:
-            _, evicted = self._entries.popitem(last=False)
-            self._footprint[evicted.replica] -= 1
+            self._entries.put(block_hash, _Placement(replica, now))
 
     def forget(self, replica: str) -> None:
         """Drop every entry of `replica` (it restarted or was removed: its cache is cold)."""
         stale = [h for h, entry in self._entries.items() if entry.replica == replica]
         for block_hash in stale:
-            del self._entries[block_hash]
+            self._entries.pop(block_hash)
         self._footprint.pop(replica, None)
+
+    def _evicted(self, _block_hash: int, placement: _Placement) -> None:
+        self._footprint[placement.replica] -= 1

@@ -10,9 +10,10 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from llm_common.bounded_map import BoundedTTLMap
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,41 +39,21 @@ class TokenMemo:
     def __init__(
         self, settings: MemoSettings, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self._settings = settings
-        self._clock = clock
-        self._entries: OrderedDict[bytes, tuple[float, array[int]]] = OrderedDict()
-        self._held = 0
+        # 4 bytes an id ("i"): vocabularies stay far below 2**31.
+        self._entries: BoundedTTLMap[bytes, array[int]] = BoundedTTLMap(
+            max_weight=settings.max_tokens, weigh=len, ttl_s=settings.ttl_s, clock=clock
+        )
 
     @property
     def held_tokens(self) -> int:
-        return self._held
+        return self._entries.weight
 
     def get(self, key: bytes) -> list[int] | None:
-        found = self._entries.get(key)
-        if found is None:
-            return None
-        expires, ids = found
-        if self._clock() >= expires:
-            self._drop(key)
-            return None
-        self._entries.move_to_end(key)
-        return ids.tolist()
+        ids = self._entries.get(key)
+        return None if ids is None else ids.tolist()
 
     def put(self, key: bytes, ids: list[int]) -> None:
-        if len(ids) > self._settings.max_tokens:
-            return
-        if key in self._entries:
-            self._drop(key)
-        # 4 bytes an id ("i"): vocabularies stay far below 2**31.
-        self._entries[key] = (self._clock() + self._settings.ttl_s, array("i", ids))
-        self._held += len(ids)
-        while self._held > self._settings.max_tokens:
-            self._drop(next(iter(self._entries)))
+        self._entries.put(key, array("i", ids))
 
     def clear(self) -> None:
         self._entries.clear()
-        self._held = 0
-
-    def _drop(self, key: bytes) -> None:
-        _, ids = self._entries.pop(key)
-        self._held -= len(ids)
