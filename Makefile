@@ -18,7 +18,7 @@ TYPED := libs/llm-common/src $(wildcard services/*/src infra/envoy/src infra/loc
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
         test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
-        bench-stack bench-load bench-structured
+        bench-stack bench-load bench-structured test-cluster bench-cluster
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -116,6 +116,17 @@ bench-router: model ## router overhead, prefix-affinity TTFT → bench/results/r
 
 bench-structured: model ## JSON-schema decoding vs unconstrained, mask/compile time, coverage → bench/results/structured.json
 	$(PY) bench/bench_structured.py
+
+# Not part of `ci`: each run starts local Redis Clusters (3 masters + 3 replicas, ~2 s each)
+# and the suites take ~5 min on 2 cores. REDIS_CLUSTER_NODES set: that cluster is used instead.
+CLUSTER_SUITES := services/auth/tests/integration services/cache/tests/integration \
+                  services/billing/tests/integration
+test-cluster: model ## auth, cache, billing integration suites + failover on a local Redis Cluster
+	LLM_TEST_REDIS_CLUSTER=1 $(PYTEST) -q -m "integration and not gpu" $(CLUSTER_SUITES)
+	$(PYTEST) -q -m cluster tests/cluster
+
+bench-cluster: setup ## 3-master cluster vs single Redis, failover under load → bench/results/cluster.json
+	$(PY) bench/bench_cluster.py
 
 constraints: ## re-pin constraints.txt from the current venv
 	{ echo "# Exact pins for every dependency (pip -c constraints.txt). Regenerate with 'make constraints'."; \

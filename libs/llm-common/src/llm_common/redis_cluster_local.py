@@ -195,6 +195,44 @@ class LocalCluster:
         self.processes[victim].wait()
         return victim
 
+    def replace(self, port: int) -> None:
+        """Start a fresh, empty node on a killed node's port and make it the replica of the
+        master that has none (the one promoted in its place), as an operator does for a
+        node that lost its disk. Not a restart from the old nodes.conf: a node without
+        persistence restarting that way claims its old slots, empty, until gossip corrects
+        it, and a client routed there meanwhile reads nothing."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while self._orphan_master_id() is None:  # until a replica has been promoted
+            if time.monotonic() > deadline:
+                raise RuntimeError("no replica was promoted in place of the dead master")
+            time.sleep(0.1)  # gossip: no event to await
+        shutil.rmtree(self.workdir / str(port), ignore_errors=True)
+        self._spawn(port)
+        self._wait_ping(port)
+        fresh = self.client(port)
+        live = [p for p in self.live_ports() if p != port]
+        fresh.execute_command("CLUSTER", "MEET", "127.0.0.1", str(live[0]))  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            orphan = self._orphan_master_id()
+            known = str(fresh.execute_command("CLUSTER", "NODES"))  # type: ignore[no-untyped-call]
+            if orphan and orphan in known:
+                with contextlib.suppress(redis.exceptions.ResponseError):
+                    fresh.execute_command("CLUSTER", "REPLICATE", orphan)  # type: ignore[no-untyped-call]
+                    return
+            time.sleep(0.1)  # gossip: no event to await
+        raise RuntimeError("the replacement node did not join as a replica")
+
+    def _orphan_master_id(self) -> str | None:
+        """The id of a live master that has no live replica."""
+        port = self.live_ports()[0]
+        lines = str(self.client(port).execute_command("CLUSTER", "NODES")).splitlines()  # type: ignore[no-untyped-call]
+        rows = [line.split() for line in lines if line.strip()]
+        masters = [r[0] for r in rows if "master" in r[2] and "fail" not in r[2] and r[8:]]
+        fed = {r[3] for r in rows if "slave" in r[2] and "fail" not in r[2]}
+        orphans = [m for m in masters if m not in fed]
+        return orphans[0] if orphans else None
+
     def stop(self) -> None:
         for proc in self.processes.values():
             if proc.poll() is None:

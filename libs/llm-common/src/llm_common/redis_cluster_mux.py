@@ -79,6 +79,7 @@ class ClusterMux:
         self._refreshing = asyncio.Lock()
         self._refreshed_at = 0.0
         self._background: set[asyncio.Task[None]] = set()
+        self._owners: dict[int, str] = {}  # slot -> master name, cleared on refresh
 
     async def execute(
         self, commands: Sequence[Command], *, wait: ReplicaWait | None = None
@@ -90,6 +91,15 @@ class ClusterMux:
         asking: dict[int, str] = {}
         for attempt in range(MAX_REDIRECTS + 1):
             groups = self._group(commands, todo, asking)
+            if len(groups) == 1:  # the common case: one slot owner, no task per group
+                ((name, idx),) = groups.items()
+                await self._run_group(name, idx, commands, asking, replies, wait)
+                todo, asking = self._redirected(todo, replies)
+                if not todo or attempt == MAX_REDIRECTS:
+                    break
+                if any(i not in asking for i in todo):
+                    await self.refresh()
+                continue
             outcomes = await asyncio.gather(
                 *(
                     self._run_group(name, idx, commands, asking, replies, wait)
@@ -111,19 +121,29 @@ class ClusterMux:
         self, commands: Sequence[Command], todo: list[int], asking: dict[int, str]
     ) -> dict[str, list[int]]:
         groups: dict[str, list[int]] = {}
-        manager = self._client.nodes_manager
+        owners = self._owners
         for i in todo:
             if i in asking:
                 name = asking[i]
             else:
                 key = first_key(commands[i])
                 if key is None:
-                    name = manager.get_nodes_by_server_type("primary")[0].name
+                    name = self._any_master()
                 else:
                     slot = key_slot(key.encode() if isinstance(key, str) else key)
-                    name = manager.get_node_from_slot(slot).name
+                    name = owners.get(slot) or self._owner(slot)
             groups.setdefault(name, []).append(i)
         return groups
+
+    def _owner(self, slot: int) -> str:
+        """The slot's master from redis-py's map, remembered until the next refresh."""
+        name: str = self._client.nodes_manager.get_node_from_slot(slot).name
+        self._owners[slot] = name
+        return name
+
+    def _any_master(self) -> str:
+        name: str = self._client.nodes_manager.get_nodes_by_server_type("primary")[0].name
+        return name
 
     async def _run_group(
         self,
@@ -192,6 +212,7 @@ class ClusterMux:
                 return
             with contextlib.suppress(Exception):  # a failed refresh: the next call tries again
                 await self._client.nodes_manager.initialize()
+            self._owners = {}
             self._refreshed_at = time.monotonic()
 
     def _refresh_soon(self) -> None:
