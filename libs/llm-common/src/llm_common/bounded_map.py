@@ -119,12 +119,13 @@ class BoundedTTLMap(Generic[K, V]):
         return True
 
     def pop(self, key: K) -> V | None:
-        """Remove `key`; its value if it was held and live."""
+        """Remove `key`; the value it held, expired or not (so callers can update their
+        side indexes), or None."""
         slot = self._slots.pop(key, None)
         if slot is None:
             return None
         self._weight -= slot.weight
-        return slot.value if self._clock() < slot.expires else None
+        return slot.value
 
     def clear(self) -> None:
         self._slots.clear()

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from llm_common.bounded_map import BoundedTTLMap
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 
 MIB = 1 << 20
@@ -49,7 +49,10 @@ class _Entry:
     response: cache_pb.LookupResponse
     entry_id: str
     size: int
-    expires: float  # monotonic
+
+
+def _size(entry: _Entry) -> int:
+    return entry.size
 
 
 def near_key(request: cache_pb.LookupRequest) -> bytes:
@@ -70,11 +73,21 @@ class NearCache:
         self._settings = settings
         self._clock = clock
         self._wall = wall
-        self._entries: OrderedDict[bytes, _Entry] = OrderedDict()
+        # Expiry is per entry (never past the cache entry's own); on_evict keeps _by_id in
+        # step when the map drops an entry for room or age.
+        self._entries: BoundedTTLMap[bytes, _Entry] = BoundedTTLMap(
+            settings.max_entries,
+            max_weight=settings.max_bytes,
+            weigh=_size,
+            on_evict=self._unindex,
+            clock=clock,
+        )
         self._by_id: dict[str, set[bytes]] = {}
-        self._bytes = 0
         self._seq = 0  # counts feed messages that changed something
-        self._changed: OrderedDict[str, int] = OrderedDict()  # id -> seq of its last change
+        # id -> seq of its last change; an id pushed out raises _forgotten_seq.
+        self._changed: BoundedTTLMap[str, int] = BoundedTTLMap(
+            _RECENT_CHANGES, on_evict=self._forget_change
+        )
         self._forgotten_seq = 0  # the newest seq dropped from _changed
         self._live_until = 0.0  # monotonic; 0 = the feed is not live
         self._epoch = 0  # bumped whenever the feed is lost: older lookups must not put
@@ -88,7 +101,7 @@ class NearCache:
 
     @property
     def size_bytes(self) -> int:
-        return self._bytes
+        return self._entries.weight
 
     def heard(self, heartbeat_interval_ms: int) -> None:
         """The feed spoke: it is live for the next few heartbeats."""
@@ -108,7 +121,6 @@ class NearCache:
     def clear(self) -> None:
         self._entries.clear()
         self._by_id.clear()
-        self._bytes = 0
 
     def changed(self, entry_ids: Iterable[str]) -> int:
         """Drop every copy of `entry_ids`; returns how many were dropped."""
@@ -118,13 +130,9 @@ class NearCache:
         self._seq += 1
         dropped = 0
         for entry_id in ids:
-            self._changed[entry_id] = self._seq
-            self._changed.move_to_end(entry_id)
+            self._changed.put(entry_id, self._seq)
             for key in self._by_id.pop(entry_id, ()):
                 dropped += self._drop(key)
-        while len(self._changed) > _RECENT_CHANGES:
-            _, seq = self._changed.popitem(last=False)
-            self._forgotten_seq = max(self._forgotten_seq, seq)
         return dropped
 
     def begin(self) -> tuple[int, int]:
@@ -138,14 +146,8 @@ class NearCache:
         if self._live_until <= now:
             self.lost()
             return None
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        if entry.expires <= now:
-            self._drop(key)
-            return None
-        self._entries.move_to_end(key)
-        return entry.response
+        entry = self._entries.get(key)  # an expired entry is dropped (and unindexed) here
+        return None if entry is None else entry.response
 
     def put(self, key: bytes, response: cache_pb.LookupResponse, since: tuple[int, int]) -> bool:
         """Keep an exact hit from a lookup that began at `since`; False when it may be stale
@@ -154,40 +156,37 @@ class NearCache:
         entry_id = response.entry_id
         if epoch != self._epoch or not self.live or not entry_id:
             return False
-        if self._changed.get(entry_id, 0) > seq or self._forgotten_seq > seq:
+        if (self._changed.peek(entry_id) or 0) > seq or self._forgotten_seq > seq:
             return False  # changed while the lookup was in flight
-        expires = self._expiry(response)
+        ttl_s = self._ttl(response)
         size = response.ByteSize() + len(key) + 64
-        if expires is None or size > self._settings.max_bytes:
+        if ttl_s is None or size > self._settings.max_bytes:
             return False
         self._drop(key)
-        self._entries[key] = _Entry(response, entry_id, size, expires)
         self._by_id.setdefault(entry_id, set()).add(key)
-        self._bytes += size
-        self._shrink()
+        self._entries.put(key, _Entry(response, entry_id, size), ttl_s=ttl_s)
         return True
 
-    def _expiry(self, response: cache_pb.LookupResponse) -> float | None:
-        now = self._clock()
-        expires = now + self._settings.ttl_s
+    def _ttl(self, response: cache_pb.LookupResponse) -> float | None:
+        ttl_s = self._settings.ttl_s
         if response.HasField("expires_at"):
             left = response.expires_at.ToMilliseconds() / 1000 - self._wall()
-            expires = min(expires, now + left)
-        return expires if expires > now else None
+            ttl_s = min(ttl_s, left)
+        return ttl_s if ttl_s > 0 else None
 
-    def _shrink(self) -> None:
-        s = self._settings
-        while self._entries and (len(self._entries) > s.max_entries or self._bytes > s.max_bytes):
-            self._drop(next(iter(self._entries)))
+    def _forget_change(self, _entry_id: str, seq: int) -> None:
+        self._forgotten_seq = max(self._forgotten_seq, seq)
 
     def _drop(self, key: bytes) -> int:
-        entry = self._entries.pop(key, None)
+        entry = self._entries.pop(key)
         if entry is None:
             return 0
-        self._bytes -= entry.size
+        self._unindex(key, entry)
+        return 1
+
+    def _unindex(self, key: bytes, entry: _Entry) -> None:
         keys = self._by_id.get(entry.entry_id)
         if keys is not None:
             keys.discard(key)
             if not keys:
                 del self._by_id[entry.entry_id]
-        return 1
