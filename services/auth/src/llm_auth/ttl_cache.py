@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from llm_common.bounded_map import BoundedTTLMap
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -22,10 +23,11 @@ class TtlCache(Generic[K, V]):
     ) -> None:
         if ttl_s < 0 or max_entries < 1:
             raise ValueError("ttl_s must be >= 0 and max_entries >= 1")
-        self._ttl_s = ttl_s
-        self._max_entries = max_entries
         self._clock = clock
-        self._items: OrderedDict[K, tuple[V, float]] = OrderedDict()
+        # Values keep their store time: `max_age_s` and `mark_stale` judge it per lookup.
+        self._items: BoundedTTLMap[K, tuple[V, float]] = BoundedTTLMap(
+            max_entries, ttl_s=ttl_s, clock=clock
+        )
         self._stale_before = -float("inf")
 
     def __len__(self) -> int:
@@ -33,25 +35,20 @@ class TtlCache(Generic[K, V]):
 
     def put(self, key: K, value: V) -> None:
         """Store `value`, fresh from now."""
-        self._items[key] = (value, self._clock())
-        self._items.move_to_end(key)
-        while len(self._items) > self._max_entries:
-            self._items.popitem(last=False)
+        self._items.put(key, (value, self._clock()))
 
     def get(self, key: K, max_age_s: float | None = None) -> V | None:
         """The value if stored less than min(ttl, max_age_s) seconds ago, else None. With
         `max_age_s`, entries stored before the last `mark_stale` count as too old."""
-        item = self._items.get(key)
+        item = self._items.peek(key)  # past the TTL: dropped
         if item is None:
             return None
         value, stored_at = item
-        age = self._clock() - stored_at
-        if age >= self._ttl_s:
-            del self._items[key]
+        if max_age_s is not None and (
+            self._clock() - stored_at >= max_age_s or stored_at <= self._stale_before
+        ):
             return None
-        if max_age_s is not None and (age >= max_age_s or stored_at <= self._stale_before):
-            return None
-        self._items.move_to_end(key)
+        self._items.get(key)  # marks it recently used
         return value
 
     def mark_stale(self) -> None:
@@ -61,4 +58,4 @@ class TtlCache(Generic[K, V]):
 
     def pop(self, key: K) -> None:
         """Forget `key`."""
-        self._items.pop(key, None)
+        self._items.pop(key)
