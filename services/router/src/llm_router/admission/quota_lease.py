@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import Counter
 
+from llm_common.bounded_map import BoundedTTLMap
 from llm_common.errors import QuotaExceeded, ServiceError
 from llm_common.logging import get_logger
 from llm_router.background import Background
@@ -98,23 +98,25 @@ class QuotaLeases:
         self._events = events
         self._refund_timeout_s = refund_timeout_s
         self._clock = clock
-        self._keys: OrderedDict[tuple[str, str], _Key] = OrderedDict()
+        # Keys in the order they were learned (peek: reads do not reorder), the oldest
+        # dropped beyond max_keys; a dropped key's live lease still expires and refunds
+        # through its timer.
+        self._keys: BoundedTTLMap[tuple[str, str], _Key] = BoundedTTLMap(settings.max_keys)
 
     def learn(self, tenant_id: str, key_id: str, limit: int) -> None:
         """Auth answered a reservation of this key with its per-minute limit (> 0)."""
         if self._settings.lease_s <= 0 or limit <= 0:
             return
         k = (tenant_id, key_id)
-        state = self._keys.get(k)
+        state = self._keys.peek(k)
         if state is None:
-            self._keys[k] = _Key(limit)
-            self._evict()
+            self._keys.put(k, _Key(limit))
         else:
             state.limit = limit
 
     async def draw(self, tenant_id: str, key_id: str, tokens: int) -> Lease | None:
         """A lease now holding `tokens` for one request, or None: reserve at auth instead."""
-        state = self._keys.get((tenant_id, key_id))
+        state = self._keys.peek((tenant_id, key_id))
         if state is None or tokens > self._cap(state) or self._clock() < state.exact_until:
             return None
         lease = state.lease
@@ -139,7 +141,7 @@ class QuotaLeases:
 
     def close_all(self) -> None:
         """Shutdown: no more draws; every lease is refunded once its requests settled."""
-        for state in self._keys.values():
+        for _, state in self._keys.items():
             if state.lease is not None:
                 self._close(state.lease)
                 state.lease = None
@@ -206,8 +208,3 @@ class QuotaLeases:
             _log.warning("lease refund failed", lease_id=lease.lease_id, code=err.code.name)
             return
         self._events.labels("refunded").inc()
-
-    def _evict(self) -> None:
-        # Oldest first; a key's live lease still expires and refunds through its timer.
-        while len(self._keys) > self._settings.max_keys:
-            self._keys.popitem(last=False)
