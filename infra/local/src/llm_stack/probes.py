@@ -11,6 +11,10 @@ from collections.abc import Callable
 import grpc
 import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from redis.exceptions import RedisClusterException
+
+from llm_common.config import ConfigError
+from llm_common.redis_conn import open_sync_client
 
 POLL_S = 0.2
 
@@ -65,10 +69,10 @@ def unhealthy_hosts(admin: str, clusters: set[str]) -> list[str]:
 
 def redis_ready(url: str) -> bool:
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        client = open_sync_client(url, timeout_s=0.5)
         with contextlib.closing(client):
             return bool(client.ping())
-    except (redis.RedisError, OSError, ValueError):
+    except (redis.RedisError, RedisClusterException, OSError, ValueError, ConfigError):
         return False
 
 

@@ -18,7 +18,11 @@ from llm_stack.credentials import Credentials
 from llm_stack.process import ProcessSpec
 
 # Inherited variables that would change how a service behaves are not passed on.
-_DROPPED = ("GRPC_PORT", "METRICS_PORT", "OTEL_EXPORTER_OTLP_ENDPOINT", "REDIS_URL")
+# REDIS_URL carries the stack's Redis (a cluster as redis+cluster://, credentials inside).
+_DROPPED = (
+    "GRPC_PORT", "METRICS_PORT", "OTEL_EXPORTER_OTLP_ENDPOINT", "REDIS_URL",
+    "REDIS_CLUSTER_NODES", "REDIS_USERNAME", "REDIS_PASSWORD",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

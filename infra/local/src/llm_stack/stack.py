@@ -11,12 +11,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from llm_common.redis_conn import is_cluster_url, redacted
 from llm_common.resilience import backoff_delay
 from llm_envoy.certs import ensure_dev_pki
 from llm_envoy.layouts import local_layout
 from llm_envoy.render import render_local
 from llm_envoy.topology import Layout
-from llm_stack import catalogue, probes, specs
+from llm_stack import catalogue, probes, redis_cluster, specs
 from llm_stack.config import StackConfig
 from llm_stack.credentials import Credentials, ensure_credentials
 from llm_stack.models import ensure_checkpoints
@@ -66,6 +67,7 @@ class Stack:
         self.config = config
         self.credentials: Credentials | None = None
         self._redis: ManagedProcess | None = None
+        self._cluster_nodes: list[ManagedProcess] = []  # REDIS_CLUSTER=1
         self._services: list[ManagedProcess] = []
         self._envoy: ManagedProcess | None = None
         self._restarts: dict[str, _Restart] = {}
@@ -84,7 +86,7 @@ class Stack:
     def processes(self) -> list[ManagedProcess]:
         envoy = [] if self._envoy is None else [self._envoy]
         redis = [] if self._redis is None else [self._redis]
-        return [*redis, *self._services, *envoy]
+        return [*redis, *self._cluster_nodes, *self._services, *envoy]
 
     def start(self) -> Endpoints:
         """Bring everything up; on failure stop what started and raise StackError."""
@@ -136,8 +138,11 @@ class Stack:
         c = self.config
         if c.redis_url is not None:
             if not probes.redis_ready(c.redis_url):
-                raise StackError(f"REDIS_URL {c.redis_url} does not answer PING")
+                variable = "REDIS_CLUSTER_NODES" if is_cluster_url(c.redis_url) else "REDIS_URL"
+                raise StackError(f"{variable}: Redis at {redacted(c.redis_url)} does not answer")
             return c.redis_url
+        if c.redis_cluster:
+            return self._start_cluster()
         spec = redis_spec(c.run_dir, c.ports.redis, specs.base_env(c))
         self._redis = ManagedProcess(spec)
         self._redis.start()
@@ -146,6 +151,29 @@ class Stack:
             "redis", lambda: probes.redis_ready(url), 30, lambda: _exited(self._redis)
         )
         return url
+
+    def _start_cluster(self) -> str:
+        """REDIS_CLUSTER=1: six supervised cluster nodes, joined once they answer."""
+        c = self.config
+        ports = redis_cluster.cluster_ports()
+        env = specs.base_env(c)
+        nodes = [ManagedProcess(s) for s in redis_cluster.node_specs(c.run_dir, ports, env)]
+        self._cluster_nodes = nodes
+        for node in nodes:
+            node.start()
+        for node, port in zip(nodes, ports, strict=True):
+            self._wait_node(node, port)
+        redis_cluster.create(ports)
+        url = redis_cluster.cluster_url(ports)
+        probes.wait_until("redis-cluster", lambda: probes.redis_ready(url), 30, _never_failed)
+        return url
+
+    @staticmethod
+    def _wait_node(node: ManagedProcess, port: int) -> None:
+        url = f"redis://127.0.0.1:{port}/0"
+        probes.wait_until(
+            node.spec.name, lambda: probes.redis_ready(url), 30, lambda: _exited(node)
+        )
 
     def _wait_serving(self, process: ManagedProcess) -> None:
         spec = process.spec
@@ -268,6 +296,7 @@ class Stack:
         _stop_all([] if self._envoy is None else [self._envoy])
         _stop_all(others)
         _stop_all([] if self._redis is None else [self._redis])
+        _stop_all(self._cluster_nodes)
         clear_state(self.config.run_dir)
 
 
@@ -302,3 +331,7 @@ def _exited(process: ManagedProcess | None) -> str | None:
     if process is None or process.alive():
         return None
     return f"exited with code {process.exit_code()}; log {process.spec.log}:\n{process.log_tail()}"
+
+
+def _never_failed() -> str | None:
+    return None

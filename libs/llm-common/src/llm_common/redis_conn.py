@@ -63,6 +63,12 @@ class ClusterTarget:
         return f"{scheme}://{auth}" + ",".join(f"{h}:{p}" for h, p in self.nodes)
 
 
+def redacted(url: str) -> str:
+    """`url` without its credentials (for messages and logs)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url
+
+
 def is_cluster_url(url: str) -> bool:
     """Whether `url` names a Redis Cluster (`redis+cluster://...`)."""
     return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES

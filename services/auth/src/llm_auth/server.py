@@ -33,6 +33,7 @@ from llm_auth.service import AuthServicer
 from llm_auth.ttl_cache import TtlCache
 from llm_common import server as common_server
 from llm_common.metrics import RpcMetrics
+from llm_common.redis_conn import is_cluster_url, verify_redis
 from llm_common.resilience import BreakerMetrics
 from llm_common.server import BuiltServer, ServiceSpec
 from llmapi.auth.v1 import auth_service_pb2 as pb
@@ -116,7 +117,10 @@ class AuthApp:
         """Stores the bootstrap admin key, then starts the edge listener (if configured; last,
         so a failed start leaves nothing running). If Redis is down, the bootstrap key is
         retried in the background: an outage must not keep the service from answering JWTs
-        and cached keys."""
+        and cached keys. A Redis Cluster that is unreachable or not a cluster at start-up is
+        a configuration error (one line naming REDIS_CLUSTER_NODES)."""
+        if is_cluster_url(self.settings.redis.url):
+            await verify_redis(self.redis, self.settings.redis.url)
         self.key_events.start()
         await self._store_bootstrap_key()
         if self.settings.edge_port is not None:

@@ -27,7 +27,7 @@ from llm_cache.store import RedisStore
 from llm_cache.sync import IndexSync
 from llm_common import server as common_server
 from llm_common.config import ConfigError
-from llm_common.redis_conn import cluster_client, is_cluster_url
+from llm_common.redis_conn import cluster_client, is_cluster_url, verify_redis
 from llm_common.resilience import AsyncBreaker, BreakerMetrics
 from llm_common.server import BuiltServer, ServiceSpec
 from llmapi.cache.v1 import cache_service_pb2 as pb
@@ -118,7 +118,11 @@ class CacheApp:
     async def start(self) -> None:
         """Start following the change log, and the semantic worker and index rebuild. Does
         not wait for Redis: the service serves (exact hits, misses) while the index warms
-        up, and the change feed goes live once the log is read."""
+        up, and the change feed goes live once the log is read. A Redis Cluster that is
+        unreachable or not a cluster at start-up is a configuration error (one line naming
+        REDIS_CLUSTER_NODES)."""
+        if is_cluster_url(self.settings.redis.url):
+            await verify_redis(self._client, self.settings.redis.url)
         self._tasks.append(asyncio.create_task(self.changes.run(), name="change-log"))
         if self.engine is not None and self.sync is not None:
             self.engine.start()
