@@ -27,12 +27,14 @@ import logging
 import re
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from llm_common.bounded_map import BoundedTTLMap
 
 from .api import EngineError, FormatKind, InvalidRequest, OutputFormatSpec, SamplingOptions
 from .schema_check import check_schema
@@ -156,7 +158,7 @@ class GrammarCache:
         self.compile_threads = compile_threads
         self.stats = CompileStats()
         self._lock = threading.Lock()
-        self._entries: OrderedDict[str, Future[CompiledFormat]] = OrderedDict()
+        self._entries: BoundedTTLMap[str, Future[CompiledFormat]] = BoundedTTLMap(capacity)
         self._executor: ThreadPoolExecutor | None = None
         self._compiler: xgr.GrammarCompiler | None = None  # worker thread only
 
@@ -167,14 +169,11 @@ class GrammarCache:
         with self._lock:
             future = self._entries.get(digest)
             if future is not None and not future.cancelled():
-                self._entries.move_to_end(digest)
                 self.stats.hits += 1
                 return future
             self.stats.misses += 1
             future = self._pool().submit(self._build, spec, digest)
-            self._entries[digest] = future
-            while len(self._entries) > self.capacity:
-                self._entries.popitem(last=False)
+            self._entries.put(digest, future)
         future.add_done_callback(lambda done: self._drop_if_broken(digest, done))
         return future
 
@@ -214,8 +213,8 @@ class GrammarCache:
         # Bad specs stay cached (they fail the same way again); anything else is retried.
         if future.cancelled() or not isinstance(future.exception(), InvalidRequest | None):
             with self._lock:
-                if self._entries.get(digest) is future:
-                    del self._entries[digest]
+                if self._entries.peek(digest) is future:
+                    self._entries.pop(digest)
 
     def _build(self, spec: OutputFormatSpec, digest: str) -> CompiledFormat:
         try:
