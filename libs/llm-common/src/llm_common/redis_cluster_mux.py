@@ -33,7 +33,7 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from llm_common.redis_mux import Command, Endpoint, RedisMux, ReplicaWait
+from llm_common.redis_mux import Command, Endpoint, RedisMux, ReplicaWait, Sent
 
 MAX_REDIRECTS = 3
 REFRESH_MIN_INTERVAL_S = 0.2  # a burst of MOVED replies refreshes the map once
@@ -100,16 +100,7 @@ class ClusterMux:
                 if any(i not in asking for i in todo):
                     await self.refresh()
                 continue
-            outcomes = await asyncio.gather(
-                *(
-                    self._run_group(name, idx, commands, asking, replies, wait)
-                    for name, idx in groups.items()
-                ),
-                return_exceptions=True,
-            )
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    raise outcome
+            await self._run_groups(groups, commands, asking, replies, wait)
             todo, asking = self._redirected(todo, replies)
             if not todo or attempt == MAX_REDIRECTS:
                 break
@@ -144,6 +135,50 @@ class ClusterMux:
     def _any_master(self) -> str:
         name: str = self._client.nodes_manager.get_nodes_by_server_type("primary")[0].name
         return name
+
+    async def _run_groups(
+        self,
+        groups: dict[str, list[int]],
+        commands: Sequence[Command],
+        asking: dict[int, str],
+        replies: list[Any],
+        wait: ReplicaWait | None,
+    ) -> None:
+        """Queue every group on its master, then collect: no task per group."""
+        sent: list[tuple[RedisMux, list[int], Sent]] = []
+        try:
+            for name, idx in groups.items():
+                mux = self._mux(name)
+                sent.append(
+                    (mux, idx, await mux.send(self._batch(idx, commands, asking), wait=wait))
+                )
+            for mux, idx, queued in sent:
+                self._place(idx, asking, replies, await mux.collect(queued, wait))
+        except RedisConnectionError:
+            for _, _, queued in sent:
+                queued.forget()
+            self._refresh_soon()
+            raise
+
+    @staticmethod
+    def _batch(
+        idx: list[int], commands: Sequence[Command], asking: dict[int, str]
+    ) -> list[Command]:
+        batch: list[Command] = []
+        for i in idx:
+            if i in asking:
+                batch.append(["ASKING"])
+            batch.append(commands[i])
+        return batch
+
+    @staticmethod
+    def _place(idx: list[int], asking: dict[int, str], replies: list[Any], got: list[Any]) -> None:
+        pos = 0
+        for i in idx:
+            if i in asking:
+                pos += 1  # ASKING's +OK
+            replies[i] = got[pos]
+            pos += 1
 
     async def _run_group(
         self,

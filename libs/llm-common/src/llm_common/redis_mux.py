@@ -206,6 +206,18 @@ class _Link:
             future.set_result(reply)
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """Futures of queued commands (and of the WAIT after them)."""
+
+    futures: list[asyncio.Future[Any]]
+    acked: asyncio.Future[Any] | None
+
+    def forget(self) -> None:
+        """Mark the failed futures' errors as seen (one error is raised for all)."""
+        _retrieve([*self.futures, *([] if self.acked is None else [self.acked])])
+
+
 class PoolPipeline:
     """The same interface on redis-py's pool, for what RedisMux does not speak (TLS)."""
 
@@ -246,6 +258,11 @@ class RedisMux:
         objects (like a redis-py pipeline with raise_on_error=False). A connection failure
         raises ConnectionError or TimeoutError; with `wait`, too few replicas in time raise
         ReplicaWaitError."""
+        return await self.collect(await self.send(commands, wait=wait), wait)
+
+    async def send(self, commands: Sequence[Command], *, wait: ReplicaWait | None = None) -> Sent:
+        """Queue `commands` (connecting first if needed); `collect` awaits their replies.
+        Split so that ClusterMux can queue on every master before awaiting any."""
         link = self._link
         if link is None or link.closed:
             link = await self._connect()
@@ -256,17 +273,22 @@ class RedisMux:
             futures, acked = link.send_waiting(commands, wait)
         if link.writer.transport.get_write_buffer_size() > READ_CHUNK:
             await link.writer.drain()  # back-pressure only when Redis lags behind
+        return Sent(futures, acked)
+
+    @staticmethod
+    async def collect(sent: Sent, wait: ReplicaWait | None = None) -> list[Any]:
+        """The replies of what `send` queued, error replies as exception objects."""
         replies = []
         try:
-            for future in futures:
+            for future in sent.futures:
                 try:
                     replies.append(await future)
                 except ResponseError as exc:
                     replies.append(exc)
-            if acked is not None and wait is not None:
-                check_acked(await acked, wait)
+            if sent.acked is not None and wait is not None:
+                check_acked(await sent.acked, wait)
         except RedisConnectionError:
-            _retrieve([*futures, *([] if acked is None else [acked])])
+            sent.forget()
             raise
         return replies
 
