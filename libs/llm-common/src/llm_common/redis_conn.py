@@ -13,7 +13,7 @@ Inside the services both modes travel as one URL string: a cluster is written
 `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster://` for TLS), so settings,
 tests and fixtures that pass a URL around need no second field. `open_client` turns such a
 URL into redis-py's asyncio `RedisCluster`, typed as `redis.asyncio.Redis`: the command
-methods the services call are the same (see docs/adr/0004-redis-cluster-connection-layer.md).
+methods the services call are the same (see docs/adr/0009-redis-cluster-connection-layer.md).
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def cluster_client(
 ) -> redis.asyncio.Redis:
     """redis-py's asyncio RedisCluster on the URL's seed nodes (it keeps the slot map, follows
     MOVED/ASK and refreshes the map after a failover). Typed as `redis.asyncio.Redis`: the
-    services call the command methods both classes share (ADR 0004)."""
+    services call the command methods both classes share (ADR 0009)."""
     target = parse_cluster_url(url)
     client = BoundedRedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in target.nodes],
