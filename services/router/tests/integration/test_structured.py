@@ -158,6 +158,9 @@ async def test_json_schema_output_validates(router: Router, stack: Stack) -> Non
 async def test_n_choices_are_returned_billed_and_share_the_prompt(
     router: Router, stack: Stack
 ) -> None:
+    # Earlier tests' leftovers (a cancelled stream still winding down) would make the first
+    # choice's replica look busy and send a sibling to the other, cold replica.
+    await wait_for(stack.idle, timeout_s=30)
     caller = await stack.tenant()
     params = common_pb2.SamplingParams(temperature=1.0, seed=11, max_tokens=6, ignore_eos=True, n=3)
     # A prompt of several KV blocks no earlier test sent: only the siblings can find it cached.
