@@ -171,7 +171,6 @@ class EngineCore:
             max_completion_tokens=min(sampling.max_tokens, self.max_context - len(prompt)),
             priority=priority,
             arrival_index=self._arrivals,
-            generator=self._generator(sampling.seed),
             grammar=None if grammar is None else new_matcher(grammar),
         )
         self._arrivals += 1
@@ -253,13 +252,6 @@ class EngineCore:
             max_num_seqs=self.config.max_num_seqs,
             max_batched_tokens=self.config.max_batched_tokens,
         )
-
-    def _generator(self, seed: int | None) -> torch.Generator | None:
-        if seed is None:
-            return None
-        generator = torch.Generator(device=self.runner.device)
-        generator.manual_seed(seed)
-        return generator
 
     def _record_throughput(self, now: float, tokens: int) -> None:
         self._produced.append((now, tokens))

@@ -1,5 +1,5 @@
 """Batched sampling: logit bias and penalties, greedy, temperature, min-p, top-k, top-p,
-per-request seeded generators, logprobs and top alternatives."""
+seeded draws keyed by (seed, position), logprobs and top alternatives."""
 
 from __future__ import annotations
 
@@ -35,13 +35,17 @@ class Sampler:
     Order per row: logit_bias, repetition/presence/frequency penalties and min_tokens on the raw
     logits (masks applied before the sampler stay -inf), then temperature, min-p, top-k, top-p.
     Random rows use the exponential race (argmax of p / E with E ~ Exp(1)), equivalent to drawing
-    from p; each seeded request draws its noise from its own torch.Generator, so its tokens do not
-    depend on what else is in the batch. Logprobs are under the processed distribution
+    from p. A seeded row's noise is a function of (seed, position of the token being sampled)
+    only, so its tokens depend neither on the rest of the batch nor on the history of the
+    process: a request resumed elsewhere with the tokens already produced (mid-stream migration)
+    draws the same numbers as the unbroken run. Logprobs are under the processed distribution
     (temperature, min-p, top-k, top-p); greedy rows report them at temperature 1.
     """
 
     def __init__(self, default_generator: torch.Generator) -> None:
         self._default = default_generator
+        # Re-seeded for every seeded row; one object avoids an allocation per row and step.
+        self._keyed = torch.Generator(device=default_generator.device)
 
     def __call__(
         self,
@@ -61,22 +65,41 @@ class Sampler:
         random_rows = [i for i, g in enumerate(greedy) if not g]
         if random_rows:
             probs = torch.softmax(processed[random_rows], dim=-1)
-            noise = self._noise(probs, [seqs[i].generator for i in random_rows])
+            noise = self._noise(probs, [seqs[i] for i in random_rows])
             tokens[random_rows] = (probs / noise).argmax(dim=-1)
         token_list: list[int] = tokens.tolist()
         logprobs = _logprobs(processed, tokens, options)
         return SampleResult(token_list, logprobs.chosen, logprobs.top)
 
-    def _noise(self, probs: torch.Tensor, generators: Seq[torch.Generator | None]) -> torch.Tensor:
+    def _noise(self, probs: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor:
         noise = torch.empty_like(probs)
-        shared = [i for i, g in enumerate(generators) if g is None]
+        shared = [i for i, seq in enumerate(seqs) if seq.sampling.seed is None]
         if shared:
             draws = torch.empty(len(shared), probs.shape[1], device=probs.device)
             noise[shared] = draws.exponential_(generator=self._default)
-        for i, generator in enumerate(generators):
-            if generator is not None:
-                noise[i].exponential_(generator=generator)
+        for i, seq in enumerate(seqs):
+            seed = seq.sampling.seed
+            if seed is not None:
+                # The token being sampled lands at index num_tokens of the sequence.
+                self._keyed.manual_seed(position_seed(seed, seq.num_tokens))
+                noise[i].exponential_(generator=self._keyed)
         return noise
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def position_seed(seed: int, position: int) -> int:
+    """A 64-bit generator seed for one (request seed, token position) pair.
+
+    SplitMix64's finaliser over the seed and the golden-ratio-spaced position: neighbouring
+    positions and seeds get unrelated streams (manual_seed(seed + position) would make request
+    seed s at position p + 1 replay seed s + 1 at position p).
+    """
+    z = ((seed & _MASK64) ^ ((position + 1) * 0x9E3779B97F4A7C15)) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def _process(

@@ -39,7 +39,6 @@ class Sequence:
     max_completion_tokens: int  # sampling.max_tokens capped by the context length
     priority: int = 0
     arrival_index: int = 0
-    generator: torch.Generator | None = None
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first admission

@@ -26,10 +26,9 @@ def _seq(
     output: Seq[int] = (),
     seed: int | None = None,
 ) -> Sequence:
-    generator = None if seed is None else torch.Generator().manual_seed(seed)
-    return Sequence(
-        "r", [*prompt, *output], len(prompt), options, options.max_tokens, generator=generator
-    )
+    if seed is not None:
+        options = replace(options, seed=seed)
+    return Sequence("r", [*prompt, *output], len(prompt), options, options.max_tokens)
 
 
 def _sample(logits: torch.Tensor, seqs: Seq[Sequence], sampler_seed: int = 0) -> SampleResult:
