@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from llm_common.config import ConfigError
-from llm_inference.embedding.bert import rename_key
 from llm_inference.embedding.encoder import SentenceEncoder
 from llm_inference.embedding.runtime import EmbeddingRuntime
 
@@ -71,11 +70,10 @@ def test_long_texts_are_truncated_and_tokens_counted(encoder: SentenceEncoder) -
     assert result.prompt_tokens == 256 + 3  # [CLS] hi [SEP]
 
 
-def test_unknown_tensors_are_rejected() -> None:
-    assert rename_key("bert.encoder.layer.3.attention.self.query.weight") == "layers.3.query.weight"
-    assert rename_key("pooler.dense.weight") is None
-    with pytest.raises(ConfigError, match="unexpected tensor"):
-        rename_key("decoder.weight")
+def test_a_checkpoint_it_cannot_load_is_a_config_error(tmp_path: Path) -> None:
+    # Checkpoint details (unknown tensors, config fields) are tested in libs/llm-embed.
+    with pytest.raises(ConfigError, match=r"tokenizer\.json"):
+        SentenceEncoder.from_dir(tmp_path)
 
 
 async def test_runtime_reports_load_and_info(encoder: SentenceEncoder) -> None:

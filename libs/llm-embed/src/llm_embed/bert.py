@@ -1,14 +1,24 @@
-"""A BERT encoder in plain torch (the sentence-transformers MiniLM family), inference only."""
+"""A BERT encoder in plain PyTorch that loads Hugging Face `BertModel` safetensors as is."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Self
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the torch convention
+from safetensors.torch import load_file
 from torch import nn
+
+# Checkpoint tensors the encoder does not use: the pooler, the MLM head, an old buffer.
+_IGNORED_PREFIXES = ("pooler.", "cls.", "embeddings.position_ids")
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint directory lacks a file or holds a model this encoder cannot run."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,26 +31,45 @@ class BertConfig:
     num_attention_heads: int
     intermediate_size: int
     max_position_embeddings: int
-    type_vocab_size: int
-    layer_norm_eps: float
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise ModelLoadError("bert config: hidden_size must be a multiple of the head count")
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Self:
-        """Read a config.json; ValueError on an unsupported model."""
-        if data.get("model_type") != "bert" or data.get("hidden_act", "gelu") != "gelu":
-            raise ValueError("only BERT models with GELU activations are supported")
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        """Read a parsed config.json; ModelLoadError on an unsupported model."""
+        if data.get("model_type", "bert") != "bert":
+            raise ModelLoadError(f"bert config: model_type {data.get('model_type')!r} is not bert")
+        if data.get("hidden_act", "gelu") != "gelu":
+            raise ModelLoadError("bert config: only hidden_act 'gelu' is supported")
         if data.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError("only absolute position embeddings are supported")
-        return cls(
-            vocab_size=int(data["vocab_size"]),
-            hidden_size=int(data["hidden_size"]),
-            num_hidden_layers=int(data["num_hidden_layers"]),
-            num_attention_heads=int(data["num_attention_heads"]),
-            intermediate_size=int(data["intermediate_size"]),
-            max_position_embeddings=int(data["max_position_embeddings"]),
-            type_vocab_size=int(data["type_vocab_size"]),
-            layer_norm_eps=float(data["layer_norm_eps"]),
-        )
+            raise ModelLoadError("bert config: only absolute position embeddings are supported")
+        try:
+            return cls(
+                vocab_size=int(data["vocab_size"]),
+                hidden_size=int(data["hidden_size"]),
+                num_hidden_layers=int(data["num_hidden_layers"]),
+                num_attention_heads=int(data["num_attention_heads"]),
+                intermediate_size=int(data["intermediate_size"]),
+                max_position_embeddings=int(data["max_position_embeddings"]),
+                type_vocab_size=int(data.get("type_vocab_size", 2)),
+                layer_norm_eps=float(data.get("layer_norm_eps", 1e-12)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ModelLoadError(f"bert config: missing or invalid field: {exc}") from exc
+
+    @classmethod
+    def from_file(cls, path: Path) -> Self:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"bert config: cannot read {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ModelLoadError(f"bert config: {path} is not a JSON object")
+        return cls.from_dict(data)
 
 
 class _Embeddings(nn.Module):
@@ -81,11 +110,11 @@ class _SelfAttention(nn.Module):
         self.value = nn.Linear(c.hidden_size, c.hidden_size)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, n, h = x.shape
-        shape = (b, n, self.heads, h // self.heads)
+        batch, length, hidden = x.shape
+        shape = (batch, length, self.heads, hidden // self.heads)
         q, k, v = (p(x).view(shape).transpose(1, 2) for p in (self.query, self.key, self.value))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return out.transpose(1, 2).reshape(b, n, h)
+        return out.transpose(1, 2).reshape(batch, length, hidden)
 
 
 class _Attention(nn.Module):
@@ -133,8 +162,8 @@ class _Encoder(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    """BERT without the pooler; module names match Hugging Face checkpoints, so
-    `load_state_dict` takes a BertModel safetensors file as is."""
+    """BERT without the pooler; module names match Hugging Face checkpoints, so a
+    BertModel safetensors file loads without renaming."""
 
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
@@ -149,9 +178,39 @@ class BertEncoder(nn.Module):
         return self.encoder(self.embeddings(ids), mask)  # type: ignore[no-any-return]
 
 
-def mean_pool_normalized(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """Mean of the unpadded token states, L2-normalised (sentence-transformers' pooling)."""
-    weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the hidden states of real tokens (padding excluded), per sequence."""
+    weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
     summed = (hidden * weights).sum(dim=1)
-    pooled = summed / weights.sum(dim=1).clamp(min=1e-9)
-    return F.normalize(pooled, p=2.0, dim=1)
+    return summed / weights.sum(dim=1).clamp(min=1e-9)
+
+
+def checkpoint_state(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of a BertModel (or BertFor* with its `bert.` prefix) this encoder loads."""
+    state = {}
+    for key, tensor in tensors.items():
+        name = key.removeprefix("bert.")
+        if not name.startswith(_IGNORED_PREFIXES):
+            state[name] = tensor
+    return state
+
+
+def load_bert(
+    directory: Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> BertEncoder:
+    """The encoder of a Hugging Face BERT checkpoint directory (config.json +
+    model.safetensors), in eval mode; ModelLoadError when a file is missing or a
+    tensor does not fit."""
+    config = BertConfig.from_file(directory / "config.json")
+    weights_path = directory / "model.safetensors"
+    if not weights_path.is_file():
+        raise ModelLoadError(f"bert checkpoint: model.safetensors missing in {directory}")
+    model = BertEncoder(config)
+    state = checkpoint_state(load_file(str(weights_path)))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ModelLoadError(
+            f"bert checkpoint: weights do not match BERT: missing {missing[:3]}, "
+            f"unexpected tensor {unexpected[:3]}"
+        )
+    return model.to(device=torch.device(device), dtype=dtype).eval()
