@@ -84,7 +84,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         arrival_ns = time.time_ns()
         try:
             events = generation.backend.generate(
-                engine_id, given.prompt_token_ids, given.sampling, given.priority
+                engine_id, given.prompt_token_ids, given.sampling, given.priority, given.resume
             )
         except EngineError as exc:
             raise _service_error(given.request_id, exc) from exc

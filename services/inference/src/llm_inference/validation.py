@@ -10,7 +10,7 @@ from llm_common.validation import Violations, check_range, check_repeated, check
 from llm_inference.config import Limits
 from llm_inference.delivery import MAX_HOLD_MS, MAX_TOKENS_PER_MESSAGE, Delivery
 from llm_inference.deployment import ModelFacts
-from llm_inference.engine.api import SamplingOptions
+from llm_inference.engine.api import Resume, SamplingOptions
 from llm_inference.engine.validation import (
     MAX_LOGIT_BIAS,
     MAX_LOGIT_BIAS_ENTRIES,
@@ -38,6 +38,7 @@ class GenerateInput:
     priority: int
     detokenize: bool
     delivery: Delivery
+    resume: Resume | None = None
 
 
 def generate_input(request: pb.GenerateRequest, facts: ModelFacts, limits: Limits) -> GenerateInput:
@@ -51,6 +52,7 @@ def generate_input(request: pb.GenerateRequest, facts: ModelFacts, limits: Limit
     max_tokens = _check_max_tokens(v, sampling, len(prompt), facts)
     _check_min_tokens(v, sampling.min_tokens, max_tokens)
     delivery = _delivery(v, request.delivery)
+    resume = _resume(v, request, max_tokens, facts) if request.HasField("resume") else None
     v.raise_if_any()
     return GenerateInput(
         request_id=request.request_id,
@@ -59,7 +61,24 @@ def generate_input(request: pb.GenerateRequest, facts: ModelFacts, limits: Limit
         priority=request.priority,
         detokenize=request.detokenize,
         delivery=delivery,
+        resume=resume,
     )
+
+
+def _resume(
+    v: Violations, request: pb.GenerateRequest, max_tokens: int, facts: ModelFacts
+) -> Resume:
+    """The answer so far of a migrated request: it must leave room to generate."""
+    ids = tuple(request.resume.token_ids)
+    field = "resume.token_ids"
+    if len(ids) >= max_tokens:
+        v.add(field, f"has {len(ids)} ids; max_tokens {max_tokens} leaves none to generate")
+    elif len(request.prompt_token_ids) + len(ids) > facts.max_context - 1:
+        v.add(field, f"with the prompt, must have at most {facts.max_context - 1} ids")
+    _check_ids(v, field, ids, facts.vocab_size)
+    if request.resume.text_sent_chars < 0:
+        v.add("resume.text_sent_chars", "must be >= 0")
+    return Resume(ids, request.resume.text_sent_chars)
 
 
 def stop_request_id(request: pb.StopRequest) -> str:

@@ -34,6 +34,7 @@ from llm_inference.engine.api import (
     InvalidRequest,
     LoadSnapshot,
     RequestTimings,
+    Resume,
     SamplingOptions,
     TokenEvent,
 )
@@ -170,10 +171,16 @@ class TrtLlmBackend:
         prompt_token_ids: Sequence[int],
         sampling: SamplingOptions,
         priority: int = 0,
+        resume: Resume | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Stream one request; closing this generator aborts it in TensorRT-LLM."""
         if self._llm is None:
             raise EngineError("the TensorRT-LLM backend is not started")
+        if resume is not None:
+            # TensorRT-LLM's sampler state cannot be keyed by position from here: a resumed
+            # request would not continue the same answer, so it is refused (the router then
+            # tries another replica or ends the stream).
+            raise InvalidRequest("this backend cannot resume a request", "resume")
         if request_id in self._requests:
             raise InvalidRequest(f"request id {request_id!r} is already running")
         try:

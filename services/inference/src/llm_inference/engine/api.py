@@ -60,6 +60,20 @@ class SamplingOptions:
     output_format: OutputFormatSpec | None = None  # constrained decoding
 
 
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The answer so far of a request another replica started (mid-stream migration).
+
+    The engine continues as if it had generated `token_ids` itself (max_tokens, min_tokens,
+    penalties, output format and seeded draws all pick up where they were) and streams only
+    what follows; `text_sent_chars` of their decoded text were already delivered, the rest
+    (held back as a possible stop string) goes out with the next tokens.
+    """
+
+    token_ids: tuple[int, ...]
+    text_sent_chars: int = 0
+
+
 class FinishReason(enum.Enum):
     """Why a request stopped producing tokens."""
 
@@ -173,8 +187,11 @@ class GenerationBackend(Protocol):
         prompt_token_ids: Sequence[int],
         sampling: SamplingOptions,
         priority: int = 0,
+        resume: Resume | None = None,
     ) -> AsyncIterator[TokenEvent]:
-        """Stream one request's events; closing the iterator (aclose, cancellation) aborts it."""
+        """Stream one request's events; closing the iterator (aclose, cancellation) aborts it.
+        `resume`: continue another replica's answer (backends that cannot raise
+        InvalidRequest)."""
         ...
 
     def abort(self, request_id: str) -> None:

@@ -20,6 +20,7 @@ from .api import (
     FinishReason,
     InvalidRequest,
     LoadSnapshot,
+    Resume,
     SamplingOptions,
     TokenEvent,
 )
@@ -36,7 +37,7 @@ from .output import RequestState
 from .sampler import Sampler
 from .scheduler import Scheduler
 from .sequence import Sequence
-from .validation import validate_request
+from .validation import validate_request, validate_resume
 
 log = logging.getLogger(__name__)
 
@@ -133,16 +134,25 @@ class EngineCore:
         """Constrained decoding: recent per-step mask times (ms) and counters."""
         return self.grammar_masker.stats
 
-    def validate(self, request_id: str, prompt: Seq[int], sampling: SamplingOptions) -> None:
+    def validate(
+        self,
+        request_id: str,
+        prompt: Seq[int],
+        sampling: SamplingOptions,
+        resume: Resume | None = None,
+    ) -> None:
+        vocab, context = self.model_config.vocab_size, self.max_context
         validate_request(
             request_id,
             prompt,
             sampling,
-            vocab_size=self.model_config.vocab_size,
-            max_context=self.max_context,
+            vocab_size=vocab,
+            max_context=context,
             has_tokenizer=self.tokenizer is not None,
         )
         check_options(sampling)
+        if resume is not None:
+            validate_resume(len(prompt), resume, sampling, vocab_size=vocab, max_context=context)
 
     def add_request(
         self,
@@ -152,20 +162,23 @@ class EngineCore:
         priority: int = 0,
         arrival: float | None = None,
         grammar: CompiledFormat | None = None,
+        resume: Resume | None = None,
     ) -> None:
         """Queue a request; raises InvalidRequest for bad input or a duplicate id.
 
         `grammar` is sampling.output_format compiled ahead (AsyncEngine compiles off this
-        thread); without it a format is compiled here, blocking.
+        thread); without it a format is compiled here, blocking. `resume` continues an answer
+        another replica started: its tokens count as generated, not as prompt.
         """
-        self.validate(request_id, prompt, sampling)
+        self.validate(request_id, prompt, sampling, resume)
         if request_id in self._states:
             raise InvalidRequest(f"request_id {request_id!r} is already running")
         if grammar is None and sampling.output_format is not None:
             grammar = self.grammars.compile(sampling.output_format)
+        resumed = () if resume is None else resume.token_ids
         seq = Sequence(
             request_id=request_id,
-            token_ids=[int(t) for t in prompt],
+            token_ids=[int(t) for t in prompt] + [int(t) for t in resumed],
             num_prompt_tokens=len(prompt),
             sampling=sampling,
             max_completion_tokens=min(sampling.max_tokens, self.max_context - len(prompt)),
@@ -173,11 +186,14 @@ class EngineCore:
             arrival_index=self._arrivals,
             grammar=None if grammar is None else new_matcher(grammar),
         )
-        self._arrivals += 1
-        self.scheduler.add(seq)
+        if seq.grammar is not None and not all(seq.grammar.accept_token(t) for t in resumed):
+            raise InvalidRequest("resume.token_ids do not follow the output format", "resume")
         now = time.perf_counter() if arrival is None else arrival
         eos = self.model_config.eos_token_ids
-        self._states[request_id] = RequestState(seq, self.tokenizer, eos, now)
+        state = RequestState(seq, self.tokenizer, eos, now, resume)
+        self._arrivals += 1
+        self.scheduler.add(seq)
+        self._states[request_id] = state
 
     def abort_request(
         self, request_id: str, reason: FinishReason = FinishReason.CANCELLED

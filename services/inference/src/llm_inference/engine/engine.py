@@ -19,6 +19,7 @@ from .api import (
     FinishReason,
     InvalidRequest,
     LoadSnapshot,
+    Resume,
     SamplingOptions,
     TokenEvent,
 )
@@ -39,6 +40,7 @@ class _Add:
     priority: int
     arrival: float
     grammar: CompiledFormat | None = None  # sampling.output_format, compiled
+    resume: Resume | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,7 @@ class AsyncEngine:
         prompt_token_ids: Sequence[int],
         sampling: SamplingOptions,
         priority: int = 0,
+        resume: Resume | None = None,
     ) -> AsyncIterator[TokenEvent]:
         """Stream one request's events; bad input raises InvalidRequest at the first iteration.
 
@@ -116,7 +119,7 @@ class AsyncEngine:
         """
         if self._thread is None or self._stopping:
             raise EngineError("engine is not running")
-        self._core.validate(request_id, prompt_token_ids, sampling)
+        self._core.validate(request_id, prompt_token_ids, sampling, resume)
         arrival = time.perf_counter()  # the compile wait counts as queueing
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
         with self._streams_lock:
@@ -132,7 +135,7 @@ class AsyncEngine:
                 reason = FinishReason.CANCELLED if stream.aborted else FinishReason.ERROR
                 yield _final_event(len(prompt), reason)
                 return
-            self._post(_Add(request_id, prompt, sampling, priority, arrival, grammar))
+            self._post(_Add(request_id, prompt, sampling, priority, arrival, grammar, resume))
             while not finished:
                 event = _coalesce(await stream.queue.get(), stream.queue)
                 finished = event.finish_reason is not None
@@ -209,6 +212,7 @@ class AsyncEngine:
                     command.priority,
                     command.arrival,
                     command.grammar,
+                    command.resume,
                 )
             except InvalidRequest:
                 # Validated before queueing; only a race on a reused id can land here.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from llm_common.detokenizer import Decoder, IncrementalDetokenizer
 
-from .api import FinishReason, RequestTimings, TokenEvent, TopToken
+from .api import FinishReason, InvalidRequest, RequestTimings, Resume, TokenEvent, TopToken
 from .sequence import Sequence
 
 
@@ -39,6 +39,7 @@ class RequestState:
         tokenizer: Decoder | None,
         eos_token_ids: tuple[int, ...],
         arrival: float,
+        resume: Resume | None = None,
     ) -> None:
         self.seq = seq
         options = seq.sampling
@@ -55,6 +56,22 @@ class RequestState:
         self._hold = max((len(s) for s in options.stop_strings), default=1) - 1
         self._pending = ""
         self.clock = _Clock(arrival)
+        if resume is not None:
+            self._resume(resume)
+
+    def _resume(self, resume: Resume) -> None:
+        """Decode the resumed tokens as if generated here; what of their text was not yet
+        delivered is pending, exactly as the replica that produced them held it."""
+        if self._detok is None:
+            return
+        text = "".join(self._detok.push(t) for t in resume.token_ids if t not in self._stop_ids)
+        if resume.text_sent_chars > len(text):
+            raise InvalidRequest(
+                f"resume.text_sent_chars {resume.text_sent_chars} exceeds the {len(text)} "
+                "characters its tokens decode to",
+                "resume.text_sent_chars",
+            )
+        self._pending = text[resume.text_sent_chars :]
 
     @property
     def finished(self) -> bool:
@@ -144,7 +161,7 @@ class RequestState:
             finish_reason=reason,
             prompt_tokens=seq.num_prompt_tokens,
             completion_tokens=seq.num_completion_tokens,
-            cached_tokens=seq.num_cached_tokens,
+            cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens),
             timings=self.clock.timings() if reason is not None else None,
             top_logprobs=top_logprobs,
         )

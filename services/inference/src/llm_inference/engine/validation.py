@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from .api import InvalidRequest, SamplingOptions
+from .api import InvalidRequest, Resume, SamplingOptions
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -41,6 +41,29 @@ def validate_request(
     if any(not 0 <= t < vocab_size for t in prompt_token_ids):
         raise InvalidRequest(f"prompt_token_ids must be in [0, {vocab_size})")
     _validate_sampling(sampling, vocab_size, has_tokenizer)
+
+
+def validate_resume(
+    prompt_len: int, resume: Resume, sampling: SamplingOptions, *, vocab_size: int, max_context: int
+) -> None:
+    """Raise InvalidRequest when `resume` cannot continue this prompt under these options."""
+    ids = resume.token_ids
+    if len(ids) >= sampling.max_tokens:
+        raise InvalidRequest(
+            f"resume has {len(ids)} tokens; max_tokens {sampling.max_tokens} leaves none to "
+            "generate",
+            "resume.token_ids",
+        )
+    if prompt_len + len(ids) >= max_context:
+        raise InvalidRequest(
+            f"prompt and resume have {prompt_len + len(ids)} tokens; the context holds "
+            f"{max_context} including at least one generated token",
+            "resume.token_ids",
+        )
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise InvalidRequest(f"resume.token_ids must be in [0, {vocab_size})", "resume.token_ids")
+    if resume.text_sent_chars < 0:
+        raise InvalidRequest("resume.text_sent_chars must not be negative", "resume")
 
 
 def _validate_sampling(sampling: SamplingOptions, vocab_size: int, has_tokenizer: bool) -> None:

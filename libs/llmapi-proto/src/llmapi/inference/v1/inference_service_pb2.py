@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmapi.common.v1 import common_pb2 as llmapi_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+llmapi/inference/v1/inference_service.proto\x12\x13llmapi.inference.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dllmapi/common/v1/common.proto\"\xca\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x32\n\x08sampling\x18\x03 \x01(\x0b\x32 .llmapi.common.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x12\n\ndetokenize\x18\x05 \x01(\x08\x12/\n\x08\x64\x65livery\x18\x06 \x01(\x0b\x32\x1d.llmapi.inference.v1.Delivery\"?\n\x08\x44\x65livery\x12\x1e\n\x16max_tokens_per_message\x18\x01 \x01(\x05\x12\x13\n\x0bmax_hold_ms\x18\x02 \x01(\x05\"S\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\nprefill_ms\x18\x02 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x03 \x01(\x01\x12\x11\n\tdecode_ms\x18\x04 \x01(\x01\"\xf9\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x12\n\ntext_delta\x18\x02 \x01(\t\x12\x30\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1e.llmapi.common.v1.TokenLogprob\x12\x35\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1e.llmapi.common.v1.FinishReason\x12&\n\x05usage\x18\x05 \x01(\x0b\x32\x17.llmapi.common.v1.Usage\x12-\n\x07timings\x18\x06 \x01(\x0b\x32\x1c.llmapi.inference.v1.Timings\"E\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06inputs\x18\x02 \x03(\t\x12\x11\n\tnormalize\x18\x03 \x01(\x08\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"n\n\rEmbedResponse\x12\x32\n\nembeddings\x18\x01 \x03(\x0b\x32\x1e.llmapi.inference.v1.Embedding\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x12\n\ndimensions\x18\x03 \x01(\x05\"\r\n\x0bInfoRequest\"\x83\x02\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x04kind\x18\x02 \x01(\x0e\x32\x1b.llmapi.common.v1.ModelKind\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x13\n\x0bmax_context\x18\x06 \x01(\x05\x12\x15\n\rkv_block_size\x18\x07 \x01(\x05\x12\x17\n\x0fkv_blocks_total\x18\x08 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\t \x01(\x05\x12\x1a\n\x12max_batched_tokens\x18\n \x01(\x05\x12\x12\n\nreplica_id\x18\x0b \x01(\t\"\xa4\x02\n\nLoadReport\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x02\x12\x1d\n\x15waiting_prompt_tokens\x18\x05 \x01(\x03\x12 \n\x18running_remaining_tokens\x18\x06 \x01(\x03\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x02\x12\x1d\n\x15prefix_cache_hit_rate\x18\x08 \x01(\x02\x12\x14\n\x0cmax_num_seqs\x18\t \x01(\x05\x12/\n\x0bobserved_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\x10\n\x0eGetLoadRequest\"@\n\x0fGetLoadResponse\x12-\n\x04load\x18\x01 \x01(\x0b\x32\x1f.llmapi.inference.v1.LoadReport\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\"B\n\x11WatchLoadResponse\x12-\n\x04load\x18\x01 \x01(\x0b\x32\x1f.llmapi.inference.v1.LoadReport\"!\n\x0bStopRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0cStopResponse\x12\x0f\n\x07stopped\x18\x01 \x01(\x05\x32\x8b\x04\n\x10InferenceService\x12Y\n\x08Generate\x12$.llmapi.inference.v1.GenerateRequest\x1a%.llmapi.inference.v1.GenerateResponse0\x01\x12N\n\x05\x45mbed\x12!.llmapi.inference.v1.EmbedRequest\x1a\".llmapi.inference.v1.EmbedResponse\x12K\n\x04Info\x12 .llmapi.inference.v1.InfoRequest\x1a!.llmapi.inference.v1.InfoResponse\x12T\n\x07GetLoad\x12#.llmapi.inference.v1.GetLoadRequest\x1a$.llmapi.inference.v1.GetLoadResponse\x12\\\n\tWatchLoad\x12%.llmapi.inference.v1.WatchLoadRequest\x1a&.llmapi.inference.v1.WatchLoadResponse0\x01\x12K\n\x04Stop\x12 .llmapi.inference.v1.StopRequest\x1a!.llmapi.inference.v1.StopResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n+llmapi/inference/v1/inference_service.proto\x12\x13llmapi.inference.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dllmapi/common/v1/common.proto\"\xf7\x01\n\x0fGenerateRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x32\n\x08sampling\x18\x03 \x01(\x0b\x32 .llmapi.common.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x12\n\ndetokenize\x18\x05 \x01(\x08\x12/\n\x08\x64\x65livery\x18\x06 \x01(\x0b\x32\x1d.llmapi.inference.v1.Delivery\x12+\n\x06resume\x18\x07 \x01(\x0b\x32\x1b.llmapi.inference.v1.Resume\"4\n\x06Resume\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x17\n\x0ftext_sent_chars\x18\x02 \x01(\x05\"?\n\x08\x44\x65livery\x12\x1e\n\x16max_tokens_per_message\x18\x01 \x01(\x05\x12\x13\n\x0bmax_hold_ms\x18\x02 \x01(\x05\"S\n\x07Timings\x12\x10\n\x08queue_ms\x18\x01 \x01(\x01\x12\x12\n\nprefill_ms\x18\x02 \x01(\x01\x12\x0f\n\x07ttft_ms\x18\x03 \x01(\x01\x12\x11\n\tdecode_ms\x18\x04 \x01(\x01\"\xf9\x01\n\x10GenerateResponse\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x12\n\ntext_delta\x18\x02 \x01(\t\x12\x30\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1e.llmapi.common.v1.TokenLogprob\x12\x35\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x1e.llmapi.common.v1.FinishReason\x12&\n\x05usage\x18\x05 \x01(\x0b\x32\x17.llmapi.common.v1.Usage\x12-\n\x07timings\x18\x06 \x01(\x0b\x32\x1c.llmapi.inference.v1.Timings\"E\n\x0c\x45mbedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06inputs\x18\x02 \x03(\t\x12\x11\n\tnormalize\x18\x03 \x01(\x08\"\x1b\n\tEmbedding\x12\x0e\n\x06values\x18\x01 \x03(\x02\"n\n\rEmbedResponse\x12\x32\n\nembeddings\x18\x01 \x03(\x0b\x32\x1e.llmapi.inference.v1.Embedding\x12\x15\n\rprompt_tokens\x18\x02 \x01(\x05\x12\x12\n\ndimensions\x18\x03 \x01(\x05\"\r\n\x0bInfoRequest\"\x9b\x02\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12)\n\x04kind\x18\x02 \x01(\x0e\x32\x1b.llmapi.common.v1.ModelKind\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\r\n\x05\x64type\x18\x04 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x05 \x01(\t\x12\x13\n\x0bmax_context\x18\x06 \x01(\x05\x12\x15\n\rkv_block_size\x18\x07 \x01(\x05\x12\x17\n\x0fkv_blocks_total\x18\x08 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\t \x01(\x05\x12\x1a\n\x12max_batched_tokens\x18\n \x01(\x05\x12\x12\n\nreplica_id\x18\x0b \x01(\t\x12\x16\n\x0eweights_digest\x18\x0c \x01(\t\"\xb6\x02\n\nLoadReport\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x13\n\x0bnum_running\x18\x03 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x04 \x01(\x02\x12\x1d\n\x15waiting_prompt_tokens\x18\x05 \x01(\x03\x12 \n\x18running_remaining_tokens\x18\x06 \x01(\x03\x12\x19\n\x11tokens_per_second\x18\x07 \x01(\x02\x12\x1d\n\x15prefix_cache_hit_rate\x18\x08 \x01(\x02\x12\x14\n\x0cmax_num_seqs\x18\t \x01(\x05\x12/\n\x0bobserved_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08\x64raining\x18\x0b \x01(\x08\"\x10\n\x0eGetLoadRequest\"@\n\x0fGetLoadResponse\x12-\n\x04load\x18\x01 \x01(\x0b\x32\x1f.llmapi.inference.v1.LoadReport\"\'\n\x10WatchLoadRequest\x12\x13\n\x0binterval_ms\x18\x01 \x01(\x05\"B\n\x11WatchLoadResponse\x12-\n\x04load\x18\x01 \x01(\x0b\x32\x1f.llmapi.inference.v1.LoadReport\"!\n\x0bStopRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0cStopResponse\x12\x0f\n\x07stopped\x18\x01 \x01(\x05\x32\x8b\x04\n\x10InferenceService\x12Y\n\x08Generate\x12$.llmapi.inference.v1.GenerateRequest\x1a%.llmapi.inference.v1.GenerateResponse0\x01\x12N\n\x05\x45mbed\x12!.llmapi.inference.v1.EmbedRequest\x1a\".llmapi.inference.v1.EmbedResponse\x12K\n\x04Info\x12 .llmapi.inference.v1.InfoRequest\x1a!.llmapi.inference.v1.InfoResponse\x12T\n\x07GetLoad\x12#.llmapi.inference.v1.GetLoadRequest\x1a$.llmapi.inference.v1.GetLoadResponse\x12\\\n\tWatchLoad\x12%.llmapi.inference.v1.WatchLoadRequest\x1a&.llmapi.inference.v1.WatchLoadResponse0\x01\x12K\n\x04Stop\x12 .llmapi.inference.v1.StopRequest\x1a!.llmapi.inference.v1.StopResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,37 +34,39 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmapi.inference.v1.inferen
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=133
-  _globals['_GENERATEREQUEST']._serialized_end=335
-  _globals['_DELIVERY']._serialized_start=337
-  _globals['_DELIVERY']._serialized_end=400
-  _globals['_TIMINGS']._serialized_start=402
-  _globals['_TIMINGS']._serialized_end=485
-  _globals['_GENERATERESPONSE']._serialized_start=488
-  _globals['_GENERATERESPONSE']._serialized_end=737
-  _globals['_EMBEDREQUEST']._serialized_start=739
-  _globals['_EMBEDREQUEST']._serialized_end=808
-  _globals['_EMBEDDING']._serialized_start=810
-  _globals['_EMBEDDING']._serialized_end=837
-  _globals['_EMBEDRESPONSE']._serialized_start=839
-  _globals['_EMBEDRESPONSE']._serialized_end=949
-  _globals['_INFOREQUEST']._serialized_start=951
-  _globals['_INFOREQUEST']._serialized_end=964
-  _globals['_INFORESPONSE']._serialized_start=967
-  _globals['_INFORESPONSE']._serialized_end=1226
-  _globals['_LOADREPORT']._serialized_start=1229
-  _globals['_LOADREPORT']._serialized_end=1521
-  _globals['_GETLOADREQUEST']._serialized_start=1523
-  _globals['_GETLOADREQUEST']._serialized_end=1539
-  _globals['_GETLOADRESPONSE']._serialized_start=1541
-  _globals['_GETLOADRESPONSE']._serialized_end=1605
-  _globals['_WATCHLOADREQUEST']._serialized_start=1607
-  _globals['_WATCHLOADREQUEST']._serialized_end=1646
-  _globals['_WATCHLOADRESPONSE']._serialized_start=1648
-  _globals['_WATCHLOADRESPONSE']._serialized_end=1714
-  _globals['_STOPREQUEST']._serialized_start=1716
-  _globals['_STOPREQUEST']._serialized_end=1749
-  _globals['_STOPRESPONSE']._serialized_start=1751
-  _globals['_STOPRESPONSE']._serialized_end=1782
-  _globals['_INFERENCESERVICE']._serialized_start=1785
-  _globals['_INFERENCESERVICE']._serialized_end=2308
+  _globals['_GENERATEREQUEST']._serialized_end=380
+  _globals['_RESUME']._serialized_start=382
+  _globals['_RESUME']._serialized_end=434
+  _globals['_DELIVERY']._serialized_start=436
+  _globals['_DELIVERY']._serialized_end=499
+  _globals['_TIMINGS']._serialized_start=501
+  _globals['_TIMINGS']._serialized_end=584
+  _globals['_GENERATERESPONSE']._serialized_start=587
+  _globals['_GENERATERESPONSE']._serialized_end=836
+  _globals['_EMBEDREQUEST']._serialized_start=838
+  _globals['_EMBEDREQUEST']._serialized_end=907
+  _globals['_EMBEDDING']._serialized_start=909
+  _globals['_EMBEDDING']._serialized_end=936
+  _globals['_EMBEDRESPONSE']._serialized_start=938
+  _globals['_EMBEDRESPONSE']._serialized_end=1048
+  _globals['_INFOREQUEST']._serialized_start=1050
+  _globals['_INFOREQUEST']._serialized_end=1063
+  _globals['_INFORESPONSE']._serialized_start=1066
+  _globals['_INFORESPONSE']._serialized_end=1349
+  _globals['_LOADREPORT']._serialized_start=1352
+  _globals['_LOADREPORT']._serialized_end=1662
+  _globals['_GETLOADREQUEST']._serialized_start=1664
+  _globals['_GETLOADREQUEST']._serialized_end=1680
+  _globals['_GETLOADRESPONSE']._serialized_start=1682
+  _globals['_GETLOADRESPONSE']._serialized_end=1746
+  _globals['_WATCHLOADREQUEST']._serialized_start=1748
+  _globals['_WATCHLOADREQUEST']._serialized_end=1787
+  _globals['_WATCHLOADRESPONSE']._serialized_start=1789
+  _globals['_WATCHLOADRESPONSE']._serialized_end=1855
+  _globals['_STOPREQUEST']._serialized_start=1857
+  _globals['_STOPREQUEST']._serialized_end=1890
+  _globals['_STOPRESPONSE']._serialized_start=1892
+  _globals['_STOPRESPONSE']._serialized_end=1923
+  _globals['_INFERENCESERVICE']._serialized_start=1926
+  _globals['_INFERENCESERVICE']._serialized_end=2449
 # @@protoc_insertion_point(module_scope)

@@ -32,6 +32,7 @@ class GenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     DETOKENIZE_FIELD_NUMBER: _builtins.int
     DELIVERY_FIELD_NUMBER: _builtins.int
+    RESUME_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     """Caller's request id (1-128 chars); used for logs, tracing and cancellation."""
     priority: _builtins.int
@@ -50,6 +51,12 @@ class GenerateRequest(_message.Message):
     def delivery(self) -> Global___Delivery:
         """How tokens are grouped into messages. Unset: one message per engine step."""
 
+    @_builtins.property
+    def resume(self) -> Global___Resume:
+        """Continue a request another replica started (mid-stream migration). Unset: a
+        new request.
+        """
+
     def __init__(
         self,
         *,
@@ -59,14 +66,54 @@ class GenerateRequest(_message.Message):
         priority: _builtins.int = ...,
         detokenize: _builtins.bool = ...,
         delivery: Global___Delivery | None = ...,
+        resume: Global___Resume | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "sampling", b"sampling"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "resume", b"resume", "sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "detokenize", b"detokenize", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delivery", b"delivery", "detokenize", b"detokenize", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "resume", b"resume", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___GenerateRequest: _TypeAlias = GenerateRequest  # noqa: Y015
+
+@_typing.final
+class Resume(_message.Message):
+    """The part of a request's answer another replica already produced and the caller
+    already received. The replica generates as if it had produced these tokens
+    itself: max_tokens, min_tokens, penalties, the output format, stop strings and
+    seeded sampling (keyed by seed and token position) continue where they were, so
+    a greedy or seeded continuation is token-identical to an unbroken run. Only the
+    new tokens are streamed; usage.completion_tokens counts these ones too.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TEXT_SENT_CHARS_FIELD_NUMBER: _builtins.int
+    text_sent_chars: _builtins.int
+    """Characters (Unicode code points) of text_delta already delivered for them;
+    text those tokens decode to beyond this count (held back as a possible stop
+    string) is sent with the new tokens. At most the decoded length.
+    """
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Generated token ids already delivered, in order; fewer than max_tokens, and
+        with the prompt at most max_context - 1 ids.
+        """
+
+    def __init__(
+        self,
+        *,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        text_sent_chars: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["text_sent_chars", b"text_sent_chars", "token_ids", b"token_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Resume: _TypeAlias = Resume  # noqa: Y015
 
 @_typing.final
 class Delivery(_message.Message):
@@ -308,6 +355,7 @@ class InfoResponse(_message.Message):
     MAX_NUM_SEQS_FIELD_NUMBER: _builtins.int
     MAX_BATCHED_TOKENS_FIELD_NUMBER: _builtins.int
     REPLICA_ID_FIELD_NUMBER: _builtins.int
+    WEIGHTS_DIGEST_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     """Model name served by this replica."""
     kind: _common_pb2.ModelKind.ValueType
@@ -327,6 +375,10 @@ class InfoResponse(_message.Message):
     max_batched_tokens: _builtins.int
     replica_id: _builtins.str
     """Stable id of this replica (host:port or pod name)."""
+    weights_digest: _builtins.str
+    """Digest of the loaded weights (sha256 over the checkpoint's weight files,
+    hex); replicas of one deployment must agree. Empty when unknown.
+    """
     def __init__(
         self,
         *,
@@ -341,10 +393,11 @@ class InfoResponse(_message.Message):
         max_num_seqs: _builtins.int = ...,
         max_batched_tokens: _builtins.int = ...,
         replica_id: _builtins.str = ...,
+        weights_digest: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "device", b"device", "dtype", b"dtype", "kind", b"kind", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_batched_tokens", b"max_batched_tokens", "max_context", b"max_context", "max_num_seqs", b"max_num_seqs", "model", b"model", "replica_id", b"replica_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "device", b"device", "dtype", b"dtype", "kind", b"kind", "kv_block_size", b"kv_block_size", "kv_blocks_total", b"kv_blocks_total", "max_batched_tokens", b"max_batched_tokens", "max_context", b"max_context", "max_num_seqs", b"max_num_seqs", "model", b"model", "replica_id", b"replica_id", "weights_digest", b"weights_digest"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -366,6 +419,7 @@ class LoadReport(_message.Message):
     PREFIX_CACHE_HIT_RATE_FIELD_NUMBER: _builtins.int
     MAX_NUM_SEQS_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
     replica_id: _builtins.str
     num_waiting: _builtins.int
     """Requests waiting to be scheduled (vllm:num_requests_waiting)."""
@@ -383,6 +437,10 @@ class LoadReport(_message.Message):
     """Fraction of prompt tokens served from the prefix cache, recent window."""
     max_num_seqs: _builtins.int
     """Maximum concurrent sequences (capacity for the router's wait estimate)."""
+    draining: _builtins.bool
+    """The replica was told to stop: it takes no new requests and finishes the
+    running ones within its grace period. Health reports NOT_SERVING.
+    """
     @_builtins.property
     def observed_at(self) -> _timestamp_pb2.Timestamp: ...
     def __init__(
@@ -398,10 +456,11 @@ class LoadReport(_message.Message):
         prefix_cache_hit_rate: _builtins.float = ...,
         max_num_seqs: _builtins.int = ...,
         observed_at: _timestamp_pb2.Timestamp | None = ...,
+        draining: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["kv_cache_usage", b"kv_cache_usage", "max_num_seqs", b"max_num_seqs", "num_running", b"num_running", "num_waiting", b"num_waiting", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "replica_id", b"replica_id", "running_remaining_tokens", b"running_remaining_tokens", "tokens_per_second", b"tokens_per_second", "waiting_prompt_tokens", b"waiting_prompt_tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["draining", b"draining", "kv_cache_usage", b"kv_cache_usage", "max_num_seqs", b"max_num_seqs", "num_running", b"num_running", "num_waiting", b"num_waiting", "observed_at", b"observed_at", "prefix_cache_hit_rate", b"prefix_cache_hit_rate", "replica_id", b"replica_id", "running_remaining_tokens", b"running_remaining_tokens", "tokens_per_second", b"tokens_per_second", "waiting_prompt_tokens", b"waiting_prompt_tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
