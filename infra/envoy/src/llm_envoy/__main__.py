@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from llm_envoy import layouts, render
+from llm_envoy.policy import DEFAULT_POLICY_FILE, PolicyError, load_policy
 from llm_envoy.topology import Endpoint
 
 
@@ -20,6 +21,7 @@ def _endpoint(text: str) -> Endpoint:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llm_envoy", description=__doc__)
     parser.add_argument("--protos", type=Path, default=Path("protos"), help="protos/ directory")
+    parser.add_argument("--policy", type=Path, default=DEFAULT_POLICY_FILE, help="policy.yaml")
     sub = parser.add_subparsers(dest="command", required=True)
     k8s = sub.add_parser("k8s", help="the Kubernetes edge and sidecars")
     k8s.add_argument("--out", type=Path, default=Path("infra/k8s/base/envoy"))
@@ -32,11 +34,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
+    try:
+        policy = load_policy(args.policy)
+    except PolicyError as exc:
+        sys.exit(str(exc))
     if args.command == "k8s":
-        for path in render.render_k8s(args.out, args.protos, args.namespace):
+        for path in render.render_k8s(args.out, args.protos, args.namespace, policy):
             print(path)
     else:
-        layout = layouts.local_layout(layouts.LocalPorts(), otlp=args.otlp)
+        layout = layouts.local_layout(layouts.LocalPorts(), otlp=args.otlp, policy=policy)
         print(render.render_local(layout, args.out, args.protos))
     sys.stdout.flush()
 

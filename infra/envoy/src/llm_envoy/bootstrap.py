@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from llm_envoy import clusters, filters, layouts, listeners
+from llm_envoy.policy_model import MeshPolicy
 from llm_envoy.topology import (
     AUTH_HTTP_PORT,
     MESH_INBOUND_PORT,
@@ -66,7 +67,7 @@ def _bootstrap(
 def _otlp_cluster(layout: Layout) -> Config:
     assert layout.otlp is not None
     up = layout.otlp
-    cluster = clusters.plain_cluster(up.name, up.endpoints[0])
+    cluster = clusters.plain_cluster(up.name, up.endpoints[0], layout.policy.cluster(up.name))
     if up.dns:
         cluster["type"] = "STRICT_DNS"
         cluster["dns_lookup_family"] = "V4_ONLY"
@@ -95,10 +96,12 @@ def k8s_edge_config(layout: Layout) -> Config:
     return _bootstrap(layout, "llm-edge", listener_list, cluster_list)
 
 
-def k8s_sidecar_config(service: str, namespace: str = layouts.NAMESPACE) -> Config:
+def k8s_sidecar_config(
+    service: str, namespace: str = layouts.NAMESPACE, policy: MeshPolicy | None = None
+) -> Config:
     """A service pod's sidecar: mTLS inbound to the app; the router's also has the outbound
     mesh listener with its dependencies and the chosen-replica path."""
-    layout = layouts.k8s_sidecar_layout(service, namespace)
+    layout = layouts.k8s_sidecar_layout(service, namespace, policy or MeshPolicy())
     info = SERVICES[service]
     inbound = listeners.inbound_listener(
         layout,
@@ -109,21 +112,13 @@ def k8s_sidecar_config(service: str, namespace: str = layouts.NAMESPACE) -> Conf
     )
     listener_list = [inbound, listeners.stats_listener(layouts.STATS_PORT)]
     cluster_list = [
-        clusters.plain_cluster(listeners.LOCAL_APP, Endpoint(layouts.LOOPBACK, info.grpc_port)),
+        _plain(layout, listeners.LOCAL_APP, info.grpc_port),
         _admin_cluster(layout),
     ]
     if service == "auth":
-        cluster_list.append(
-            clusters.plain_cluster(
-                listeners.LOCAL_AUTHZ_HTTP, Endpoint(layouts.LOOPBACK, AUTH_HTTP_PORT), http1=True
-            )
-        )
+        cluster_list.append(_plain(layout, listeners.LOCAL_AUTHZ_HTTP, AUTH_HTTP_PORT, http1=True))
     if service == "router":
-        cluster_list.append(
-            clusters.plain_cluster(
-                listeners.LOCAL_APP_HTTP, Endpoint(layouts.LOOPBACK, ROUTER_HTTP_PORT), http1=True
-            )
-        )
+        cluster_list.append(_plain(layout, listeners.LOCAL_APP_HTTP, ROUTER_HTTP_PORT, http1=True))
         listener_list.append(listeners.mesh_outbound_listener(layout))
         cluster_list.extend(_service_clusters(layout))
         identity = layout.upstreams["inference"].peer_identity
@@ -131,8 +126,14 @@ def k8s_sidecar_config(service: str, namespace: str = layouts.NAMESPACE) -> Conf
     return _bootstrap(layout, f"llm-{service}", listener_list, cluster_list)
 
 
+def _plain(layout: Layout, name: str, port: int, *, http1: bool = False) -> Config:
+    endpoint = Endpoint(layouts.LOOPBACK, port)
+    return clusters.plain_cluster(name, endpoint, layout.policy.cluster(name), http1=http1)
+
+
 def _admin_cluster(layout: Layout) -> Config:
-    return clusters.plain_cluster(clusters.ADMIN_CLUSTER, layout.admin, http1=True)
+    name = clusters.ADMIN_CLUSTER
+    return clusters.plain_cluster(name, layout.admin, layout.policy.cluster(name), http1=True)
 
 
 def to_yaml(config: Config, header: str) -> str:

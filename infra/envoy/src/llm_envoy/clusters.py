@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from llm_envoy.policy_model import (
+    CircuitBreakers,
+    ClusterPolicy,
+    HealthCheck,
+    Http2,
+    OutlierDetection,
+    seconds,
+)
 from llm_envoy.topology import (
     MESH_CA,
     MESH_CERT,
@@ -26,15 +34,18 @@ def address(endpoint: Endpoint) -> Config:
     return {"socket_address": {"address": endpoint.host, "port_value": endpoint.port}}
 
 
-def _protocol_options(http1: bool) -> Config:
+def _protocol_options(http1: bool, h2: Http2) -> Config:
     if http1:
         explicit: Config = {"http_protocol_options": {}}
     else:
         # HTTP/2 PINGs find dead connections that TCP keepalive would notice only after minutes.
         explicit = {
             "http2_protocol_options": {
-                "max_concurrent_streams": 1000,
-                "connection_keepalive": {"interval": "30s", "timeout": "5s"},
+                "max_concurrent_streams": h2.max_concurrent_streams,
+                "connection_keepalive": {
+                    "interval": seconds(h2.keepalive_interval_s),
+                    "timeout": seconds(h2.keepalive_timeout_s),
+                },
             }
         }
     return {
@@ -45,42 +56,55 @@ def _protocol_options(http1: bool) -> Config:
     }
 
 
-def circuit_breakers(max_requests: int = 1024) -> Config:
+def _number(value: float) -> float | int:
+    """Whole numbers as integers, as the configs always had them."""
+    return int(value) if float(value).is_integer() else value
+
+
+def circuit_breakers(cb: CircuitBreakers) -> Config:
     """For HTTP/2 `max_requests` (concurrent streams) is the limit that matters; the retry
     budget replaces the cluster-wide default of 3 concurrent retries."""
-    return {
-        "thresholds": [
-            {
-                "priority": "DEFAULT",
-                "max_connections": 1024,
-                "max_pending_requests": 1024,
-                "max_requests": max_requests,
-                "retry_budget": {"budget_percent": {"value": 20.0}, "min_retry_concurrency": 5},
-                "track_remaining": True,
-            }
-        ]
+    threshold: Config = {
+        "priority": "DEFAULT",
+        "max_connections": cb.max_connections,
+        "max_pending_requests": cb.max_pending_requests,
+        "max_requests": cb.max_requests,
     }
+    if cb.max_retries is not None:
+        threshold["max_retries"] = cb.max_retries
+    if cb.retry_budget_percent is not None:
+        threshold["retry_budget"] = {
+            "budget_percent": {"value": float(cb.retry_budget_percent)},
+            "min_retry_concurrency": cb.min_retry_concurrency,
+        }
+    threshold["track_remaining"] = True
+    return {"thresholds": [threshold]}
 
 
-def outlier_detection() -> Config:
-    """Eject a replica after 3 gateway errors (gRPC UNAVAILABLE counts). The enforcing
-    percentage defaults to 0 (detect, never eject), and a passing health check would
+def outlier_detection(od: OutlierDetection) -> Config:
+    """Eject a replica after N gateway errors (gRPC UNAVAILABLE counts). The enforcing
+    percentage defaults to 0 in Envoy (detect, never eject), and a passing health check would
     un-eject a host that still fails real requests: both are set explicitly."""
     return {
-        "consecutive_5xx": 3,
-        "consecutive_gateway_failure": 3,
-        "enforcing_consecutive_5xx": 100,
-        "enforcing_consecutive_gateway_failure": 100,
-        "interval": "1s",
-        "base_ejection_time": "30s",
-        "max_ejection_time": "300s",
-        "max_ejection_percent": 50,
-        "successful_active_health_check_uneject_host": False,
+        "consecutive_5xx": od.consecutive_5xx,
+        "consecutive_gateway_failure": od.consecutive_gateway_failure,
+        "enforcing_consecutive_5xx": od.enforcing_consecutive_5xx,
+        "enforcing_consecutive_gateway_failure": od.enforcing_consecutive_gateway_failure,
+        "interval": seconds(od.interval_s),
+        "base_ejection_time": seconds(od.base_ejection_time_s),
+        "max_ejection_time": seconds(od.max_ejection_time_s),
+        "max_ejection_percent": od.max_ejection_percent,
+        "successful_active_health_check_uneject_host": od.uneject_on_health_check_pass,
     }
 
 
 def health_check(
-    service: str | None, event_log: str, idle_interval: str = "5s", *, path: str | None = None
+    service: str | None,
+    event_log: str,
+    idle_interval: str = "5s",
+    *,
+    path: str | None = None,
+    hc: HealthCheck | None = None,
 ) -> Config:
     """Active check every second, grpc.health.v1 of `service` or HTTP GET of `path`; clusters
     that never had traffic every `idle_interval` (Envoy's default of 60 s would leave a late
@@ -90,12 +114,13 @@ def health_check(
         if path is not None
         else {"grpc_health_check": {"service_name": service}}
     )
+    hc = hc or HealthCheck()
     return {
-        "timeout": "1s",
-        "interval": "1s",
-        "interval_jitter": "0.1s",
-        "unhealthy_threshold": 2,
-        "healthy_threshold": 1,
+        "timeout": seconds(hc.timeout_s),
+        "interval": seconds(hc.interval_s),
+        "interval_jitter": seconds(hc.interval_jitter_s),
+        "unhealthy_threshold": hc.unhealthy_threshold,
+        "healthy_threshold": hc.healthy_threshold,
         "no_traffic_interval": idle_interval,
         "always_log_health_check_failures": True,
         "event_logger": [
@@ -145,18 +170,21 @@ def upstream_tls(peer_identity: str, *, http1: bool = False, sni: str | None = N
 
 def service_cluster(up: Upstream, layout: Layout) -> Config:
     """A balanced, health-checked cluster for one service."""
+    policy = layout.policy.cluster(up.name)
     cluster: Config = {
         "name": up.name,
         "type": "STRICT_DNS" if up.dns else "STATIC",
-        "connect_timeout": "0.5s",
+        "connect_timeout": seconds(policy.connect_timeout_s),
         # P2C on in-flight requests: a slow replica gets fewer new ones.
         "lb_policy": "LEAST_REQUEST",
         "least_request_lb_config": {"choice_count": 2},
-        # The default 50 % sends traffic to failing hosts once half are unhealthy.
-        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
-        "typed_extension_protocol_options": _protocol_options(up.http1),
-        "circuit_breakers": circuit_breakers(),
-        "outlier_detection": outlier_detection(),
+        # Envoy's default 50 % sends traffic to failing hosts once half are unhealthy.
+        "common_lb_config": {
+            "healthy_panic_threshold": {"value": _number(policy.panic_threshold_percent)}
+        },
+        "typed_extension_protocol_options": _protocol_options(up.http1, policy.http2),
+        "circuit_breakers": circuit_breakers(policy.circuit_breakers),
+        "outlier_detection": outlier_detection(policy.outlier_detection),
         "load_assignment": {
             "cluster_name": up.name,
             "endpoints": [
@@ -173,26 +201,38 @@ def service_cluster(up: Upstream, layout: Layout) -> Config:
                 layout.health_event_log,
                 layout.health_idle_interval,
                 path=up.health_path,
+                hc=policy.health_check,
             )
         ]
     if layout.mesh_tls and up.peer_identity is not None:
         cluster["transport_socket"] = upstream_tls(up.peer_identity, http1=up.http1)
+    _buffer_limit(cluster, policy)
     return cluster
 
 
-def plain_cluster(name: str, endpoint: Endpoint, *, http1: bool = False) -> Config:
-    """A single local endpoint without health checks (collector, the sidecar's own app)."""
-    return {
+def _buffer_limit(cluster: Config, policy: ClusterPolicy) -> None:
+    if policy.buffer_limit_bytes is not None:
+        cluster["per_connection_buffer_limit_bytes"] = policy.buffer_limit_bytes
+
+
+def plain_cluster(
+    name: str, endpoint: Endpoint, policy: ClusterPolicy, *, http1: bool = False
+) -> Config:
+    """A single local endpoint without health checks (collector, the sidecar's own app).
+    Its connect timeout stays 1 s: the peer is on loopback or a collector."""
+    cluster: Config = {
         "name": name,
         "type": "STATIC",
         "connect_timeout": "1s",
-        "typed_extension_protocol_options": _protocol_options(http1),
-        "circuit_breakers": circuit_breakers(),
+        "typed_extension_protocol_options": _protocol_options(http1, policy.http2),
+        "circuit_breakers": circuit_breakers(policy.circuit_breakers),
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address(endpoint)}}]}],
         },
     }
+    _buffer_limit(cluster, policy)
+    return cluster
 
 
 def dns_cache_config() -> Config:
@@ -205,12 +245,13 @@ def replica_cluster(layout: Layout, peer_identity: str | None) -> Config:
     No health checks or retries here: the router watches each replica's load and re-dispatches
     before the first token itself, and a hop must not be retried at two layers.
     """
+    policy = layout.policy.cluster(REPLICA_CLUSTER)
     cluster: Config = {
         "name": REPLICA_CLUSTER,
-        "connect_timeout": "0.5s",
+        "connect_timeout": seconds(policy.connect_timeout_s),
         "lb_policy": "CLUSTER_PROVIDED",
-        "typed_extension_protocol_options": _protocol_options(http1=False),
-        "circuit_breakers": circuit_breakers(),
+        "typed_extension_protocol_options": _protocol_options(False, policy.http2),
+        "circuit_breakers": circuit_breakers(policy.circuit_breakers),
     }
     if layout.replica_path is ReplicaPath.ORIGINAL_DST:
         cluster["type"] = "ORIGINAL_DST"
@@ -233,4 +274,5 @@ def replica_cluster(layout: Layout, peer_identity: str | None) -> Config:
         }
     if layout.mesh_tls and peer_identity is not None:
         cluster["transport_socket"] = upstream_tls(peer_identity)
+    _buffer_limit(cluster, policy)
     return cluster

@@ -7,6 +7,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_envoy.clusters import dns_cache_config
+from llm_envoy.policy_model import (
+    AUTHZ_ERROR_STATUSES,
+    EdgePolicy,
+    ExtAuthz,
+    Limits,
+    LocalRateLimit,
+    RateLimit,
+    seconds,
+)
 from llm_envoy.topology import (
     AUTH_EDGE,
     AUTH_HTTP,
@@ -46,7 +55,7 @@ AUTHZ_CONTENT_TYPE_HEADER = "x-authz-content-type"
 AUTHZ_HEADERS = ("authorization", "x-api-key", "x-model", AUTHZ_CONTENT_TYPE_HEADER)
 # What auth's HTTP ext_authz may tell a denied client (the rest of its reply stays inside).
 AUTHZ_CLIENT_HEADERS = ("content-type", "www-authenticate", "retry-after")
-AUTHZ_TIMEOUT = "0.5s"
+LOCAL_RATELIMIT = "envoy.filters.http.local_ratelimit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,15 +66,17 @@ class AuthTargets:
     authz_cluster: str
     authz_http: bool
     ratelimit_cluster: str
+    authz_timeout: str = "0.5s"
 
     @classmethod
-    def of(cls, upstreams: Mapping[str, object]) -> AuthTargets:
+    def of(cls, upstreams: Mapping[str, object], authz: ExtAuthz | None = None) -> AuthTargets:
         """The leanest listeners the layout has: HTTP ext_authz, the gRPC edge listener, or
         auth's main port."""
+        timeout = seconds((authz or ExtAuthz()).timeout_s)
         grpc_cluster = AUTH_EDGE if AUTH_EDGE in upstreams else "auth"
         if AUTH_HTTP in upstreams:
-            return cls(AUTH_HTTP, True, grpc_cluster)
-        return cls(grpc_cluster, False, grpc_cluster)
+            return cls(AUTH_HTTP, True, grpc_cluster, timeout)
+        return cls(grpc_cluster, False, grpc_cluster, timeout)
 
 
 _TYPES = {
@@ -75,6 +86,7 @@ _TYPES = {
     TRANSCODER: "envoy.extensions.filters.http.grpc_json_transcoder.v3.GrpcJsonTranscoder",
     RBAC: "envoy.extensions.filters.http.rbac.v3.RBAC",
     RATELIMIT: "envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+    LOCAL_RATELIMIT: "envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit",
     DYNAMIC_FORWARD_PROXY: "envoy.extensions.filters.http.dynamic_forward_proxy.v3.FilterConfig",
     "router": "envoy.extensions.filters.http.router.v3.Router",
 }
@@ -117,12 +129,12 @@ def strip_identity_filter() -> Config:
     )
 
 
-def http_authz_service(cluster: str, scopes: tuple[str, ...] = ()) -> Config:
+def http_authz_service(cluster: str, timeout: str, scopes: tuple[str, ...] = ()) -> Config:
     """ext_authz's `http_service` for auth's HTTP listener (llm_auth.http_authz). A route's
     required scopes ride in the path prefix: clients cannot change it, only follow it."""
     prefix = f"{AUTH_HTTP_PREFIX};scopes={','.join(scopes)}" if scopes else AUTH_HTTP_PREFIX
     return {
-        "server_uri": {"uri": f"http://{cluster}", "cluster": cluster, "timeout": AUTHZ_TIMEOUT},
+        "server_uri": {"uri": f"http://{cluster}", "cluster": cluster, "timeout": timeout},
         "path_prefix": prefix,
         "authorization_response": {
             # Identity headers overwrite any a client sent; the credential is removed by
@@ -133,15 +145,15 @@ def http_authz_service(cluster: str, scopes: tuple[str, ...] = ()) -> Config:
     }
 
 
-def ext_authz_filter(targets: AuthTargets) -> Config:
-    """Fail closed: with auth down a request must not pass unauthenticated."""
+def ext_authz_filter(targets: AuthTargets, authz: ExtAuthz) -> Config:
+    """Fail closed by default: with auth down a request must not pass unauthenticated."""
     service: Config = (
-        {"http_service": http_authz_service(targets.authz_cluster)}
+        {"http_service": http_authz_service(targets.authz_cluster, targets.authz_timeout)}
         if targets.authz_http
         else {
             "grpc_service": {
                 "envoy_grpc": {"cluster_name": targets.authz_cluster},
-                "timeout": AUTHZ_TIMEOUT,
+                "timeout": targets.authz_timeout,
             }
         }
     )
@@ -150,15 +162,20 @@ def ext_authz_filter(targets: AuthTargets) -> Config:
         EXT_AUTHZ,
         transport_api_version="V3",
         **service,
-        failure_mode_allow=False,
-        status_on_error={"code": "ServiceUnavailable"},
+        failure_mode_allow=authz.failure_mode_allow,
+        status_on_error={"code": AUTHZ_ERROR_STATUSES[authz.status_on_error]},
         allowed_headers={"patterns": [{"exact": h} for h in AUTHZ_HEADERS]},
     )
 
 
-def transcoder_filter() -> Config:
+def transcoder_filter(limits: Limits) -> Config:
     """REST/JSON for LLMService at `POST /llmapi.llm.v1.LLMService/<Method>` (auto mapping),
     streams as server-sent events. Errors become HTTP statuses with a JSON google.rpc.Status."""
+    sizes: Config = {}
+    if limits.max_request_body_bytes is not None:
+        sizes["max_request_body_size"] = limits.max_request_body_bytes
+    if limits.max_response_body_bytes is not None:
+        sizes["max_response_body_size"] = limits.max_response_body_bytes
     return _filter(
         TRANSCODER,
         TRANSCODER,
@@ -172,6 +189,7 @@ def transcoder_filter() -> Config:
             "preserve_proto_field_names": True,
             "stream_sse_style_delimited": True,
         },
+        **sizes,
     )
 
 
@@ -180,7 +198,7 @@ def rbac_filter(rules: Config | None = None) -> Config:
     return _filter(RBAC, RBAC) if rules is None else _filter(RBAC, RBAC, rules=rules)
 
 
-def ratelimit_filter(cluster: str = "auth") -> Config:
+def ratelimit_filter(cluster: str, policy: RateLimit) -> Config:
     """Requests per minute per key and tenant, decided by auth's RateLimitService.
 
     After the transcoder, so it sees the gRPC route. Fails open (a rate-limit outage must not
@@ -191,8 +209,8 @@ def ratelimit_filter(cluster: str = "auth") -> Config:
         RATELIMIT,
         domain=RATE_LIMIT_DOMAIN,
         stage=0,
-        timeout="0.25s",  # the 20 ms default is too tight for a Python service
-        failure_mode_deny=False,
+        timeout=seconds(policy.timeout_s),  # Envoy's 20 ms is too tight for a Python service
+        failure_mode_deny=policy.failure_mode_deny,
         rate_limited_as_resource_exhausted=True,
         enable_x_ratelimit_headers="DRAFT_VERSION_03",
         rate_limit_service={
@@ -212,15 +230,39 @@ def router_filter() -> Config:
     return _filter("envoy.filters.http.router", "router")
 
 
-def edge_filters(targets: AuthTargets) -> list[Config]:
-    """Order matters: strip spoofed identity, authenticate, transcode, rate limit, route."""
+def local_ratelimit_filter(bucket: LocalRateLimit) -> Config:
+    """One token bucket per Envoy for every request, before auth is asked: a flood is
+    refused here (RESOURCE_EXHAUSTED / 429) instead of reaching auth."""
+    percent = {"numerator": 100, "denominator": "HUNDRED"}
+    return _filter(
+        LOCAL_RATELIMIT,
+        LOCAL_RATELIMIT,
+        stat_prefix="edge_local_rate_limit",
+        token_bucket={
+            "max_tokens": bucket.max_tokens,
+            "tokens_per_fill": bucket.tokens_per_fill,
+            "fill_interval": seconds(bucket.fill_interval_s),
+        },
+        filter_enabled={"runtime_key": "edge.local_rate_limit.enabled", "default_value": percent},
+        filter_enforced={"runtime_key": "edge.local_rate_limit.enforced", "default_value": percent},
+        rate_limited_as_resource_exhausted=True,
+    )
+
+
+def edge_filters(targets: AuthTargets, policy: EdgePolicy) -> list[Config]:
+    """Order matters: strip spoofed identity, (bucket,) authenticate, transcode, rate limit,
+    route."""
+    bucket = (
+        [] if policy.local_rate_limit is None else [local_ratelimit_filter(policy.local_rate_limit)]
+    )
     return [
         health_check_filter(),
         strip_identity_filter(),
-        ext_authz_filter(targets),
+        *bucket,
+        ext_authz_filter(targets, policy.ext_authz),
         rbac_filter(),
-        transcoder_filter(),
-        ratelimit_filter(targets.ratelimit_cluster),
+        transcoder_filter(policy.limits),
+        ratelimit_filter(targets.ratelimit_cluster, policy.rate_limit),
         router_filter(),
     ]
 

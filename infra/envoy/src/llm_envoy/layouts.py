@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from llm_envoy.policy_model import MeshPolicy
 from llm_envoy.routes import (
     AUTH_ADMIN_METHODS,
     BILLING_ADMIN_METHODS,
@@ -71,6 +72,7 @@ def local_layout(
     otlp: Endpoint | None = None,
     admin_tenant: str = "system",
     listen_host: str = LOOPBACK,
+    policy: MeshPolicy | None = None,
 ) -> Layout:
     """Edge and mesh in one Envoy next to the services, all on loopback."""
 
@@ -111,6 +113,7 @@ def local_layout(
         admin_tenant=admin_tenant,
         # Processes start one after another on one host: a late one is seen within a second.
         health_idle_interval="1s",
+        policy=policy or MeshPolicy(),
     )
 
 
@@ -134,7 +137,12 @@ def k8s_upstream(name: str, namespace: str = NAMESPACE, *, http1: bool = False) 
 
 
 def _k8s_layout(
-    upstreams: dict[str, Upstream], service_name: str, *, outbound: bool, admin_tenant: str
+    upstreams: dict[str, Upstream],
+    service_name: str,
+    *,
+    outbound: bool,
+    admin_tenant: str,
+    policy: MeshPolicy,
 ) -> Layout:
     return Layout(
         flavour=Flavour.K8S,
@@ -148,26 +156,41 @@ def _k8s_layout(
         health_event_log="/dev/stdout",
         service_name=service_name,
         mesh_tls=True,
+        policy=policy,
     )
 
 
-def k8s_edge_layout(namespace: str = NAMESPACE, admin_tenant: str = "system") -> Layout:
+def k8s_edge_layout(
+    namespace: str = NAMESPACE, admin_tenant: str = "system", policy: MeshPolicy | None = None
+) -> Layout:
     """The gateway Deployment: public listeners, mTLS to the services' sidecars."""
     upstreams = {n: k8s_upstream(n, namespace) for n in ("router", "auth", "billing", "cache")}
     upstreams["router_http"] = k8s_upstream("router_http", namespace, http1=True)
     # ext_authz on auth's HTTP listener (through auth's sidecar); rate limits on its main port.
     upstreams[AUTH_HTTP] = k8s_upstream(AUTH_HTTP, namespace, http1=True)
-    return _k8s_layout(upstreams, "llm-edge", outbound=False, admin_tenant=admin_tenant)
+    return _k8s_layout(
+        upstreams,
+        "llm-edge",
+        outbound=False,
+        admin_tenant=admin_tenant,
+        policy=policy or MeshPolicy(),
+    )
 
 
-def k8s_sidecar_layout(service: str, namespace: str = NAMESPACE) -> Layout:
+def k8s_sidecar_layout(
+    service: str, namespace: str = NAMESPACE, policy: MeshPolicy | None = None
+) -> Layout:
     """A service pod's sidecar; only the router's has an outbound side."""
     upstreams: dict[str, Upstream] = {}
     if service == "router":
         names = (*ROUTER_DEPENDENCIES, "inference")
         upstreams = {n: k8s_upstream(n, namespace) for n in names}
     return _k8s_layout(
-        upstreams, f"llm-{service}", outbound=service == "router", admin_tenant="system"
+        upstreams,
+        f"llm-{service}",
+        outbound=service == "router",
+        admin_tenant="system",
+        policy=policy or MeshPolicy(),
     )
 
 

@@ -153,22 +153,27 @@ def edge_listeners(layout: Layout) -> list[Config]:
         ("edge_http", layout.edge_http_port, None),
         ("edge_https", layout.edge_tls_port, _downstream_tls(EDGE_CERT, EDGE_KEY)),
     ):
+        edge = layout.policy.edge
+        targets = filters.AuthTargets.of(layout.upstreams, edge.ext_authz)
         hcm = _hcm(
             name,
             edge_routes(layout),
-            filters.edge_filters(filters.AuthTargets.of(layout.upstreams)),
+            filters.edge_filters(targets, edge),
             use_remote_address=True,
             generate_request_id=True,
             preserve_external_request_id=False,
             always_set_request_id_in_response=True,
-            max_request_headers_kb=60,
+            max_request_headers_kb=edge.limits.max_request_headers_kb,
             normalize_path=True,
             merge_slashes=True,
             access_log=filters.access_log(name),
             local_reply_config=openai_local_replies(),
             **_tracing(layout, layout.service_name),
         )
-        listeners.append(_listener(name, Endpoint(layout.listen_host, port), hcm, tls))
+        listener = _listener(name, Endpoint(layout.listen_host, port), hcm, tls)
+        if edge.limits.listener_buffer_limit_bytes is not None:
+            listener["per_connection_buffer_limit_bytes"] = edge.limits.listener_buffer_limit_bytes
+        listeners.append(listener)
     return listeners
 
 

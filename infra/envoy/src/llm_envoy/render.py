@@ -6,6 +6,7 @@ from pathlib import Path
 
 from llm_envoy import bootstrap, layouts
 from llm_envoy.descriptor import build_descriptor
+from llm_envoy.policy_model import MeshPolicy
 from llm_envoy.topology import DESCRIPTOR, LOG_DIR, SERVICES, Layout
 
 LOCAL_CONFIG = "envoy.yaml"
@@ -29,25 +30,29 @@ def render_local(layout: Layout, workdir: Path, protos_root: Path) -> Path:
     return path
 
 
-def k8s_files(namespace: str = layouts.NAMESPACE) -> dict[str, str]:
+def k8s_files(
+    namespace: str = layouts.NAMESPACE, policy: MeshPolicy | None = None
+) -> dict[str, str]:
     """The Kubernetes flavour as file name -> YAML text (the edge and one sidecar per service)."""
     header = GENERATED.format(command="k8s")
-    files = {
-        K8S_EDGE: bootstrap.to_yaml(
-            bootstrap.k8s_edge_config(layouts.k8s_edge_layout(namespace)), header
-        )
-    }
+    edge = layouts.k8s_edge_layout(namespace, policy=policy)
+    files = {K8S_EDGE: bootstrap.to_yaml(bootstrap.k8s_edge_config(edge), header)}
     for service in SERVICES:
-        config = bootstrap.k8s_sidecar_config(service, namespace)
+        config = bootstrap.k8s_sidecar_config(service, namespace, policy)
         files[sidecar_file(service)] = bootstrap.to_yaml(config, header)
     return files
 
 
-def render_k8s(out: Path, protos_root: Path, namespace: str = layouts.NAMESPACE) -> list[Path]:
+def render_k8s(
+    out: Path,
+    protos_root: Path,
+    namespace: str = layouts.NAMESPACE,
+    policy: MeshPolicy | None = None,
+) -> list[Path]:
     """Write the Kubernetes flavour and the transcoder descriptor into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, text in k8s_files(namespace).items():
+    for name, text in k8s_files(namespace, policy).items():
         path = out / name
         path.write_text(text, encoding="utf-8")
         written.append(path)

@@ -16,21 +16,25 @@ from llm_envoy.filters import (
     http_authz_service,
     typed,
 )
+from llm_envoy.policy_model import (
+    EdgeRoutes,
+    GenerationRoute,
+    MeshRoutes,
+    RetryPolicy,
+    StreamRoute,
+    UnaryRoute,
+    seconds,
+)
 from llm_envoy.topology import LLM_SERVICE, REPLICA_HEADER, SERVICES, Layout, ReplicaPath
 
 Config = dict[str, Any]
 SCOPE_COMPLETION = "completion:write"
 SCOPE_EMBEDDING = "embedding:read"
 SCOPE_ADMIN = "admin"
-# Unary generations longer than this are cut; a client's grpc-timeout below it is honoured.
-# Streams have no Envoy timer (see route_action).
-MAX_STREAM_S = 600
-# Envoy retries only before the first response byte (trailers-only gRPC errors). These
-# conditions are safe for idempotent calls (every mesh call is idempotent by its id).
-RETRY_IDEMPOTENT = "unavailable,reset,connect-failure,refused-stream"
-# Generation is not replayed once the router may have started it: only failures where the
-# request never reached a router are retried (the router re-dispatches inference itself).
-RETRY_UNSTARTED = "connect-failure,refused-stream"
+# Retry conditions come from the policy (RetryPolicy): `retry_on` for idempotent calls
+# (every mesh call is idempotent by its id), `retry_on_not_idempotent` where a replay could
+# repeat work (generation at the edge: the router re-dispatches inference itself; counters).
+RoutePolicy = UnaryRoute | StreamRoute | GenerationRoute
 
 
 class Kind(enum.Enum):
@@ -89,13 +93,21 @@ def grpc_path(service: str, method: str) -> str:
     return f"/{service}/{method}"
 
 
-def retry_policy(retry_on: str, num_retries: int, per_try_timeout: str | None = None) -> Config:
-    """Fully jittered back-off from 50 ms, never the same host twice. `reset` is in the
-    idempotent set because a per-try timeout is only retried with reset/5xx/gateway-error."""
+def retry_conditions(retry: RetryPolicy, idempotent: bool) -> str:
+    return ",".join(retry.retry_on if idempotent else retry.retry_on_not_idempotent)
+
+
+def retry_policy(retry: RetryPolicy, retry_on: str, per_try_timeout: str | None = None) -> Config:
+    """Fully jittered back-off, never the same host twice. `reset` is in the idempotent set
+    because a per-try timeout is only retried with reset/5xx/gateway-error."""
+    back_off = {
+        "base_interval": seconds(retry.backoff_base_s),
+        "max_interval": seconds(retry.backoff_max_s),
+    }
     policy: Config = {
         "retry_on": retry_on,
-        "num_retries": num_retries,
-        "retry_back_off": {"base_interval": "0.05s", "max_interval": "0.5s"},
+        "num_retries": retry.num_retries,
+        "retry_back_off": back_off,
         "retry_host_predicate": [
             {
                 "name": "envoy.retry_host_predicates.previous_hosts",
@@ -104,20 +116,21 @@ def retry_policy(retry_on: str, num_retries: int, per_try_timeout: str | None = 
                 ),
             }
         ],
-        "host_selection_retry_max_attempts": 3,
+        "host_selection_retry_max_attempts": retry.host_selection_max_attempts,
     }
     if per_try_timeout is not None:
         policy["per_try_timeout"] = per_try_timeout
     return policy
 
 
-def _stream_duration(max_s: int) -> Config:
+def _stream_duration(max_s: float) -> Config:
     # Without grpc_timeout_header_max Envoy ignores the client's grpc-timeout for its timer.
-    return {"max_stream_duration": f"{max_s}s", "grpc_timeout_header_max": f"{max_s}s"}
+    return {"max_stream_duration": seconds(max_s), "grpc_timeout_header_max": seconds(max_s)}
 
 
-def route_action(cluster: str, kind: Kind, *, retry_on: str, unary_timeout_s: float = 15) -> Config:
-    """Timeouts by kind: streams and generations are free of the 15 s default route timeout.
+def route_action(cluster: str, policy: RoutePolicy, *, idempotent: bool) -> Config:
+    """Timeouts by route class: streams and generations are free of the 15 s default route
+    timeout.
 
     A stream gets no Envoy timer at all: Envoy can only reset a stream that has started
     (clients read RST_STREAM as INTERNAL), and with any max_stream_duration on the route it
@@ -125,22 +138,32 @@ def route_action(cluster: str, kind: Kind, *, retry_on: str, unary_timeout_s: fl
     which ends the stream with DEADLINE_EXCEEDED in-band; the idle timeout catches a stall.
     """
     action: Config = {"cluster": cluster}
-    if kind is Kind.STREAM:
-        action |= {"timeout": "0s", "idle_timeout": "60s"}
-        action["retry_policy"] = retry_policy(retry_on, 2)
-    elif kind is Kind.LONG_UNARY:
+    retry_on = retry_conditions(policy.retry, idempotent)
+    if isinstance(policy, StreamRoute):
+        action |= {"timeout": "0s", "idle_timeout": seconds(policy.idle_timeout_s)}
+        action["retry_policy"] = retry_policy(policy.retry, retry_on)
+    elif isinstance(policy, GenerationRoute):
         # Nothing flows until the answer is complete, so the idle timer spans the whole call.
-        action |= {"timeout": "0s", "idle_timeout": f"{MAX_STREAM_S}s"}
-        action["max_stream_duration"] = _stream_duration(MAX_STREAM_S)
-        action["retry_policy"] = retry_policy(retry_on, 2)
+        action |= {"timeout": "0s", "idle_timeout": seconds(policy.idle_timeout_s)}
+        action["max_stream_duration"] = _stream_duration(policy.max_duration_s)
+        action["retry_policy"] = retry_policy(policy.retry, retry_on)
     else:
-        action["timeout"] = f"{unary_timeout_s:g}s"
-        action["max_stream_duration"] = {"grpc_timeout_header_max": f"{unary_timeout_s:g}s"}
+        action["timeout"] = seconds(policy.timeout_s)
+        action["max_stream_duration"] = {"grpc_timeout_header_max": seconds(policy.timeout_s)}
         # A per-try timeout is only retried with `reset` in retry_on; without it, it would
         # just cut the call short.
-        per_try = f"{unary_timeout_s / 3:g}s" if "reset" in retry_on.split(",") else None
-        action["retry_policy"] = retry_policy(retry_on, 2, per_try_timeout=per_try)
+        per_try = seconds(policy.per_try_timeout_s) if "reset" in retry_on.split(",") else None
+        action["retry_policy"] = retry_policy(policy.retry, retry_on, per_try_timeout=per_try)
     return action
+
+
+def edge_class(routes: EdgeRoutes, method: Method) -> RoutePolicy:
+    """A method's route class at the edge: its kind, admin methods apart."""
+    if method.kind is Kind.STREAM:
+        return routes.streaming
+    if method.kind is Kind.LONG_UNARY:
+        return routes.generation
+    return routes.admin if SCOPE_ADMIN in method.scopes else routes.unary
 
 
 def authz_context(scopes: tuple[str, ...], targets: AuthTargets) -> Config:
@@ -148,7 +171,9 @@ def authz_context(scopes: tuple[str, ...], targets: AuthTargets) -> Config:
     Check, or the path prefix of the HTTP check)."""
     check: Config = {}
     if scopes and targets.authz_http:
-        check = {"http_service": http_authz_service(targets.authz_cluster, scopes)}
+        check = {
+            "http_service": http_authz_service(targets.authz_cluster, targets.authz_timeout, scopes)
+        }
     elif scopes:
         check = {"context_extensions": {"required_scopes": " ".join(scopes)}}
     settings = {"check_settings": check}  # the per-route override is a required oneof
@@ -209,9 +234,11 @@ def _route(match: Config, action: Config, per_filter: Config, name: str) -> Conf
     return route
 
 
-def _edge_method_route(service: str, cluster: str, method: Method, per_filter: Config) -> Config:
-    retry_on = RETRY_IDEMPOTENT if method.kind is Kind.UNARY else RETRY_UNSTARTED
-    action = route_action(cluster, method.kind, retry_on=retry_on)
+def _edge_method_route(
+    service: str, cluster: str, method: Method, per_filter: Config, routes: EdgeRoutes
+) -> Config:
+    idempotent = method.kind is Kind.UNARY
+    action = route_action(cluster, edge_class(routes, method), idempotent=idempotent)
     if method.rate_limited:
         action["rate_limits"] = rate_limits()
     return _route({"path": grpc_path(service, method.name)}, action, per_filter, method.name)
@@ -227,11 +254,12 @@ def edge_routes(layout: Layout) -> list[Config]:
             "health",
         )
     ]
-    targets = AuthTargets.of(layout.upstreams)
+    targets = AuthTargets.of(layout.upstreams, layout.policy.edge.ext_authz)
+    policy = layout.policy.edge_routes
     for method in LLM_METHODS:
         per_filter = authz_context(method.scopes, targets)
-        routes.append(_edge_method_route(LLM_SERVICE, "router", method, per_filter))
-    routes.extend(_openai_routes(targets))
+        routes.append(_edge_method_route(LLM_SERVICE, "router", method, per_filter, policy))
+    routes.extend(_openai_routes(targets, policy))
     routes.extend(_admin_routes(layout, targets))
     routes.append(
         {
@@ -243,19 +271,19 @@ def edge_routes(layout: Layout) -> list[Config]:
     return routes
 
 
-def _openai_routes(targets: AuthTargets) -> list[Config]:
+def _openai_routes(targets: AuthTargets, policy: EdgeRoutes) -> list[Config]:
     routes = []
     for path, scopes in OPENAI_PATHS:
-        action = route_action("router_http", Kind.LONG_UNARY, retry_on=RETRY_UNSTARTED)
+        action = route_action("router_http", policy.generation, idempotent=False)
         action["rate_limits"] = rate_limits()
         routes.append(_route({"path": path}, action, authz_context(scopes, targets), path))
-    models = route_action("router_http", Kind.UNARY, retry_on=RETRY_IDEMPOTENT)
+    models = route_action("router_http", policy.unary, idempotent=True)
     models.pop("max_stream_duration")
     routes.append(
         _route({"prefix": "/v1/models"}, models, authz_context((), targets), "/v1/models")
     )
     # Anything else under /v1/ gets the listener's OpenAI-shaped 404.
-    other = route_action("router_http", Kind.UNARY, retry_on=RETRY_UNSTARTED)
+    other = route_action("router_http", policy.unary, idempotent=False)
     other.pop("max_stream_duration")
     routes.append(_route({"prefix": "/v1/"}, other, authz_context((), targets), "/v1/*"))
     return routes
@@ -263,70 +291,74 @@ def _openai_routes(targets: AuthTargets) -> list[Config]:
 
 def _admin_routes(layout: Layout, targets: AuthTargets) -> list[Config]:
     routes = []
+    policy = layout.policy.edge_routes
     auth = SERVICES["auth"].grpc_service
     for name in AUTH_ADMIN_METHODS:
-        action = route_action("auth", Kind.UNARY, retry_on=RETRY_UNSTARTED)
+        action = route_action("auth", policy.admin, idempotent=False)
         routes.append(_route({"path": grpc_path(auth, name)}, action, authz_disabled(), name))
     admin_only = admin_tenant_only(layout.admin_tenant)
     for service, methods in (("billing", BILLING_ADMIN_METHODS), ("cache", CACHE_ADMIN_METHODS)):
         full = SERVICES[service].grpc_service
         for method in methods:
             per_filter = authz_context(method.scopes, targets) | admin_only
-            routes.append(_edge_method_route(full, service, method, per_filter))
+            routes.append(_edge_method_route(full, service, method, per_filter, policy))
     prices = Method("ListPrices", Kind.UNARY, rate_limited=False)
     billing = SERVICES["billing"].grpc_service
-    routes.append(_edge_method_route(billing, "billing", prices, authz_context((), targets)))
+    no_scope = authz_context((), targets)
+    routes.append(_edge_method_route(billing, "billing", prices, no_scope, policy))
     return routes
 
 
-# Per-try timeouts of the router's dependencies: a cache that answers late is worse than a
-# miss; a tokenizer batch may take longer.
-MESH_UNARY_TIMEOUT_S = {"tokenizer": 10.0, "cache": 1.5, "billing": 6.0, "auth": 3.0}
 # The cache's change feed, one stream per router for its whole life. It sends a message at
-# least every second, so a minute of silence is a dead stream.
+# least every second, so a minute of silence (the policy's idle timeout) is a dead stream.
 CACHE_FEED_METHOD = "WatchChanges"
-CACHE_FEED_IDLE_S = 60
 CACHE_HITS_METHOD = "RecordHits"
+
+
+def _mesh_unary(mesh: MeshRoutes, service: str) -> UnaryRoute:
+    """A dependency's timeouts with the mesh's unary retries: a cache that answers late is
+    worse than a miss; a tokenizer batch may take longer."""
+    timeouts = mesh.services[service]
+    return UnaryRoute(timeouts.timeout_s, timeouts.per_try_timeout_s, mesh.unary_retry)
 
 
 def mesh_routes(layout: Layout) -> list[Config]:
     """What the router reaches through its mesh listener."""
     inference = SERVICES["inference"].grpc_service
+    mesh = layout.policy.mesh_routes
     routes = _replica_routes(layout, inference)
-    for method, kind in (("Generate", Kind.STREAM), ("WatchLoad", Kind.STREAM)):
-        action = route_action("inference", kind, retry_on=RETRY_IDEMPOTENT)
+    for method in ("Generate", "WatchLoad"):
+        action = route_action("inference", mesh.streaming, idempotent=True)
         routes.append(
             _route({"path": grpc_path(inference, method)}, action, {}, f"inference-{method}")
         )
-    balanced = route_action("inference", Kind.LONG_UNARY, retry_on=RETRY_IDEMPOTENT)
+    balanced = route_action("inference", mesh.generation, idempotent=True)
     routes.append(_route({"prefix": f"/{inference}/"}, balanced, {}, "inference"))
-    routes += [_cache_feed_route(), _cache_hits_route()]
-    for name, timeout_s in MESH_UNARY_TIMEOUT_S.items():
+    routes += [_cache_feed_route(mesh), _cache_hits_route(mesh)]
+    for name in mesh.services:
         full = SERVICES[name].grpc_service
-        action = route_action(
-            name, Kind.UNARY, retry_on=RETRY_IDEMPOTENT, unary_timeout_s=timeout_s
-        )
+        action = route_action(name, _mesh_unary(mesh, name), idempotent=True)
         routes.append(_route({"prefix": f"/{full}/"}, action, {}, name))
     return routes
 
 
-def _cache_feed_route() -> Config:
+def _cache_feed_route(mesh: MeshRoutes) -> Config:
     """WatchChanges ahead of the cache's unary prefix route, whose timeout would cut it.
 
     No stream timer (see route_action), an idle timeout for a stalled stream, and no
     retries: the router reconnects with its own backoff (a hop is never retried at two
     layers), and a stream that waits for its first message is not a failure to retry.
     """
-    action: Config = {"cluster": "cache", "timeout": "0s", "idle_timeout": f"{CACHE_FEED_IDLE_S}s"}
+    idle = seconds(mesh.change_feed_idle_timeout_s)
+    action: Config = {"cluster": "cache", "timeout": "0s", "idle_timeout": idle}
     path = grpc_path(SERVICES["cache"].grpc_service, CACHE_FEED_METHOD)
     return _route({"path": path}, action, {}, f"cache-{CACHE_FEED_METHOD}")
 
 
-def _cache_hits_route() -> Config:
+def _cache_hits_route(mesh: MeshRoutes) -> Config:
     """RecordHits adds counts, so it is the one cache call that is not idempotent: retried
     only where it cannot have reached the cache."""
-    timeout_s = MESH_UNARY_TIMEOUT_S["cache"]
-    action = route_action("cache", Kind.UNARY, retry_on=RETRY_UNSTARTED, unary_timeout_s=timeout_s)
+    action = route_action("cache", _mesh_unary(mesh, "cache"), idempotent=False)
     path = grpc_path(SERVICES["cache"].grpc_service, CACHE_HITS_METHOD)
     return _route({"path": path}, action, {}, f"cache-{CACHE_HITS_METHOD}")
 
@@ -341,13 +373,15 @@ def _replica_routes(layout: Layout, inference: str) -> list[Config]:
             host_rewrite_header=REPLICA_HEADER,
         )
     routes = []
+    mesh = layout.policy.mesh_routes
+    idle, timeout = seconds(mesh.replica_idle_timeout_s), seconds(mesh.replica_timeout_s)
     for method in ("Generate", "WatchLoad"):
         # No stream timer (see route_action): a WatchLoad stream lives as long as the router.
-        action: Config = {"cluster": REPLICA_CLUSTER, "timeout": "0s", "idle_timeout": "120s"}
+        action: Config = {"cluster": REPLICA_CLUSTER, "timeout": "0s", "idle_timeout": idle}
         match = {"path": grpc_path(inference, method), "headers": has_header}
         routes.append(_route(match, action, per_filter, f"replica-{method}"))
-    unary: Config = {"cluster": REPLICA_CLUSTER, "timeout": "120s"}
-    unary["max_stream_duration"] = {"grpc_timeout_header_max": "120s"}
+    unary: Config = {"cluster": REPLICA_CLUSTER, "timeout": timeout}
+    unary["max_stream_duration"] = {"grpc_timeout_header_max": timeout}
     match = {"prefix": f"/{inference}/", "headers": has_header}
     routes.append(_route(match, unary, per_filter, "replica"))
     return routes

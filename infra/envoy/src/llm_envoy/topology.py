@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from llm_envoy.policy_model import MeshPolicy
 
 # Files Envoy opens, relative to its working directory (the run directory locally,
 # /etc/envoy in Kubernetes); validation opens them too.
@@ -131,6 +133,7 @@ class Layout:
     health_idle_interval: str = "5s"  # health checks of clusters that had no traffic yet
     service_name: str = "llm-edge"  # as spans and logs name this Envoy
     mesh_tls: bool = False  # mTLS to peers (Kubernetes)
+    policy: MeshPolicy = field(default_factory=MeshPolicy)  # the operator's tunables
 
 
 def spiffe_id(namespace: str, service_account: str) -> str:
