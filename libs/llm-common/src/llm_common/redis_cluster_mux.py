@@ -154,10 +154,13 @@ class ClusterMux:
                 )
             for mux, idx, queued in sent:
                 self._place(idx, asking, replies, await mux.collect(queued, wait))
-        except RedisConnectionError:
+        except BaseException as error:
+            # One error is raised for the whole call: the other groups' failures (a master
+            # down, WAIT unmet) are marked seen so asyncio does not log them as lost.
             for _, _, queued in sent:
                 queued.forget()
-            self._refresh_soon()
+            if isinstance(error, RedisConnectionError):
+                self._refresh_soon()
             raise
 
     @staticmethod

@@ -361,8 +361,15 @@ class RedisMux:
 def _retrieve(futures: Sequence[asyncio.Future[Any]]) -> None:
     """Mark the failed futures' errors as seen (one connection error is raised for all)."""
     for future in futures:
-        if future.done() and not future.cancelled():
-            future.exception()
+        if future.done():
+            _seen(future)
+        else:  # its reply (or error) comes after the caller has given up on it
+            future.add_done_callback(_seen)
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def check_acked(reply: Any, wait: ReplicaWait) -> None:
