@@ -61,6 +61,12 @@ class RouterMetrics:
             ["model", "replica", "code"],
             registry=registry,
         )
+        self.migrations = Counter(
+            "llm_router_migrations",
+            "Streams moved to another replica after output began, by outcome.",
+            ["model", "outcome"],
+            registry=registry,
+        )
         self.cache = Counter(
             "llm_router_cache_lookups",
             "Response cache lookups by result (exact, semantic, miss, bypass, error).",

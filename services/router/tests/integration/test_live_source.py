@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from typing import Any
 
 import grpc
 import pytest
 
+from llm_common.errors import Unavailable
 from llm_common.models_config import Deployment
 from llm_common.testing import RunningServer, bytes_service, running_server
 from llm_router.background import Background
 from llm_router.clients.inference import InferenceClient, ReplicaChannels
 from llm_router.generation.sources import LiveSource
-from llm_router.routing.dispatch import Placed, Started
+from llm_router.routing.dispatch import Placed, Started, Target
 from llm_router.routing.load import Ticket
 from llm_router.routing.replica_stream import GenerateCall
 from llm_router.routing.selection import Choice
@@ -39,6 +40,11 @@ class Releaser:
 
     def fail(self, replica: str) -> None:
         self.failed.append(replica)
+
+    async def resume(
+        self, started: Started, resume: inf_pb.Resume, exclude: Collection[str]
+    ) -> Started:
+        raise Unavailable("no other replica here", retry_after_s=1.0)
 
 
 class SlowToEnd:
@@ -72,7 +78,8 @@ async def test_the_last_piece_does_not_wait_for_the_stream_to_end() -> None:
         ticket = Ticket(REPLICA, 1)
         choice = Choice(REPLICA, "load", 0, 1.0, 1.0)
         placed = Placed(Deployment("d", replicas=(REPLICA,)), choice, ticket, 1)
-        source = LiveSource(Started(placed, call, first), releaser, background)
+        target = Target("m", (placed.deployment,), [1], common_pb2.SamplingParams(), stream=True)
+        source = LiveSource(Started(placed, call, first, target), releaser, background)
 
         async def relay() -> list[str]:
             return [piece.text async for piece in source.pieces()]

@@ -4,13 +4,14 @@ cache (CachedSource), as Pieces in the same shape either way."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Collection
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
 
 import grpc
 
 from llm_common.errors import ServiceError
+from llm_common.logging import get_logger
 from llm_router.background import Background
 from llm_router.errors import ReplicaFailed
 from llm_router.routing.dispatch import Started
@@ -21,7 +22,11 @@ from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 
 STOP = common_pb2.FINISH_REASON_STOP
+ERROR = common_pb2.FINISH_REASON_ERROR
 UNSET = common_pb2.FINISH_REASON_UNSPECIFIED
+DATA_LOSS = grpc.StatusCode.DATA_LOSS
+UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+_log = get_logger(__name__)
 FinishReason: TypeAlias = common_pb2.FinishReason.ValueType
 _CACHE_HITS = {cache_pb.HIT_KIND_EXACT: "exact", cache_pb.HIT_KIND_SEMANTIC: "semantic"}
 
@@ -90,9 +95,22 @@ class Releaser(Protocol):
 
     def fail(self, replica: str) -> None: ...
 
+    async def resume(
+        self, started: Started, resume: inf_pb.Resume, exclude: Collection[str]
+    ) -> Started:
+        """The request continued on another replica; Unavailable when none can take it."""
+        ...
+
 
 class LiveSource:
-    """Relays a replica's Generate stream, starting with the message already received."""
+    """Relays a replica's Generate stream, starting with the message already received.
+
+    When the replica breaks after output began (the stream fails, ends without a final
+    message, or finishes with ERROR because the replica shut down), the request moves to
+    another replica with what was delivered so far (mid-stream migration) and the relay goes
+    on from there: the caller sees one stream, each token once. With no replica left the
+    stream ends as before, with the original failure.
+    """
 
     cache_hit = "miss"
     similarity = 0.0
@@ -106,11 +124,22 @@ class LiveSource:
         self.route_reason = started.placed.choice.reason
         self._done = False  # the final message arrived
         self._ended = False  # failed or stopped
+        self._delivered: list[int] = []  # token ids relayed so far
+        self._text_chars = 0  # characters of text relayed so far
+        self._broken: set[str] = set()  # replicas this request failed on
+        self.migrations = 0
 
     async def pieces(self) -> AsyncGenerator[Piece, None]:
         message: inf_pb.GenerateResponse | None = self._started.first
         try:
-            while message is not None:
+            while True:
+                if message is None:  # a stream must end with a final message: it broke
+                    message = await self._migrate(ReplicaFailed(self.replica, DATA_LOSS))
+                    continue
+                if message.finish_reason == ERROR:  # the replica gave up (shutting down)
+                    yield self._piece(message, UNSET)
+                    message = await self._migrate(ReplicaFailed(self.replica, UNAVAILABLE))
+                    continue
                 finished = bool(message.finish_reason)
                 if finished:
                     # The final message carries everything the answer needs; the stream's
@@ -118,24 +147,54 @@ class LiveSource:
                     # path, so the call still completes instead of being cancelled.
                     self._done = True
                     self._background.spawn(self._drain())
-                yield Piece(
-                    text=message.text_delta,
-                    token_ids=tuple(message.token_ids),
-                    logprobs=tuple(message.logprobs),
-                    finish_reason=message.finish_reason,
-                    cached_tokens=message.usage.cached_tokens if finished else None,
-                )
+                yield self._piece(message, message.finish_reason)
                 if finished:
                     return
-                message = await self._call.next()
-            raise ReplicaFailed(self.replica, grpc.StatusCode.DATA_LOSS)
+                try:
+                    message = await self._call.next()
+                except ReplicaFailed as failure:
+                    message = await self._migrate(failure)
         except ReplicaFailed:
             self._ended = True
-            self._releaser.fail(self.replica)
             raise
         except ServiceError:
             self._ended = True  # the stream is over (a deadline, a client error): no Stop
             raise
+
+    def _piece(self, message: inf_pb.GenerateResponse, finish: FinishReason) -> Piece:
+        self._delivered.extend(message.token_ids)
+        self._text_chars += len(message.text_delta)
+        return Piece(
+            text=message.text_delta,
+            token_ids=tuple(message.token_ids),
+            logprobs=tuple(message.logprobs),
+            finish_reason=finish,
+            cached_tokens=message.usage.cached_tokens if finish else None,
+        )
+
+    async def _migrate(self, failure: ReplicaFailed) -> inf_pb.GenerateResponse:
+        """Move the request off the broken replica; re-raise `failure` when none can take it."""
+        self._call.cancel()
+        self._releaser.fail(self.replica)
+        self._releaser.finish(self._started.placed.ticket)
+        self._broken.add(self.replica)
+        resume = inf_pb.Resume(token_ids=self._delivered, text_sent_chars=self._text_chars)
+        try:
+            started = await self._releaser.resume(self._started, resume, self._broken)
+        except (ServiceError, ReplicaFailed):
+            _log.warning("stream lost: no replica to resume it", replica=self.replica)
+            raise failure from None
+        _log.warning(
+            "stream migrated",
+            replica=self.replica,
+            to=started.placed.choice.replica,
+            code=failure.code.name,
+            delivered_tokens=len(self._delivered),
+        )
+        self._started, self._call = started, started.call
+        self.replica = started.placed.choice.replica
+        self.migrations += 1
+        return started.first
 
     @property
     def running(self) -> bool:

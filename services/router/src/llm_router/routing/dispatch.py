@@ -1,13 +1,14 @@
 """Dispatch to a replica with failover: a request that fails before its first token, or gets
 none within the first-token timeout (a frozen replica), is sent to another replica after a
-jittered backoff; UNAVAILABLE with RetryInfo when none is left."""
+jittered backoff; UNAVAILABLE with RetryInfo when none is left. A stream that breaks after
+output began is resumed on another replica the same way (`resume`)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -44,12 +45,24 @@ class Placed:
 
 
 @dataclass(frozen=True, slots=True)
+class Target:
+    """What a Generate was placed for: a migration places the same request again."""
+
+    model: str
+    deployments: Sequence[Deployment]
+    prompt: Sequence[int]
+    sampling: common_pb2.SamplingParams
+    stream: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Started:
     """A Generate stream that has produced its first message."""
 
     placed: Placed
     call: GenerateCall
     first: inf_pb.GenerateResponse
+    target: Target
 
 
 class Dispatcher:
@@ -113,6 +126,27 @@ class Dispatcher:
     ) -> Started:
         """Start Generate on the best replica and wait for its first message, failing over.
         `stream`: the caller receives the answer as it comes (else only when it is whole)."""
+        target = Target(model, deployments, prompt, sampling, stream)
+        return await self._start(target, None, ())
+
+    async def resume(
+        self, started: Started, resume: inf_pb.Resume, exclude: Collection[str]
+    ) -> Started:
+        """Continue `started`'s request on another replica (not in `exclude`) from the tokens
+        and text already delivered; Unavailable when no replica can take it."""
+        model = started.target.model
+        try:
+            resumed = await self._start(started.target, resume, exclude)
+        except BaseException:
+            self._metrics.migrations.labels(model, "lost").inc()
+            raise
+        self._metrics.migrations.labels(model, "resumed").inc()
+        return resumed
+
+    async def _start(
+        self, target: Target, resume: inf_pb.Resume | None, exclude: Collection[str]
+    ) -> Started:
+        prompt, sampling, stream = target.prompt, target.sampling, target.stream
 
         async def attempt(placed: Placed) -> Started:
             request = inf_pb.GenerateRequest(
@@ -121,6 +155,7 @@ class Dispatcher:
                 sampling=sampling,
                 detokenize=True,
                 delivery=self._delivery[stream],
+                resume=resume,
             )
             replica = placed.choice.replica
             call = self._inference.generate(replica, request, stop_timeout_s=self._stop_timeout_s)
@@ -135,13 +170,15 @@ class Dispatcher:
                 raise
             if first is None:  # a stream must end with a finish message: the replica broke
                 raise ReplicaFailed(replica, grpc.StatusCode.DATA_LOSS)
-            return Started(placed, call, first)
+            return Started(placed, call, first, target)
+
+        resumed = 0 if resume is None else len(resume.token_ids)
 
         def job(deployment: Deployment) -> Job:
             chain = self._selector.chain(deployment.name, prompt)
-            return Job(deployment.name, chain, len(prompt), sampling.max_tokens)
+            return Job(deployment.name, chain, len(prompt) + resumed, sampling.max_tokens - resumed)
 
-        return await self.place(model, deployments, job, attempt)
+        return await self.place(target.model, target.deployments, job, attempt, exclude)
 
     async def embed(
         self,
@@ -168,10 +205,11 @@ class Dispatcher:
         deployments: Sequence[Deployment],
         job_for: Callable[[Deployment], Job],
         attempt: Callable[[Placed], Awaitable[T]],
+        exclude: Collection[str] = (),
     ) -> T:
-        """Run `attempt` on a chosen replica; on ReplicaFailed exclude it, back off, retry on
-        another one (next deployment when a deployment has none left)."""
-        tried: set[str] = set()
+        """Run `attempt` on a chosen replica (none in `exclude`); on ReplicaFailed exclude it,
+        back off, retry on another one (next deployment when a deployment has none left)."""
+        tried: set[str] = set(exclude)
         jobs = {d.name: job_for(d) for d in deployments}
         for number in range(1, self._attempts + 1):
             placed = self._choose(deployments, jobs, tried, number)
