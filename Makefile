@@ -6,13 +6,13 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-PACKAGES := libs/llmapi-proto libs/llm-common libs/llm-embed \
+PACKAGES := libs/llmapi-proto libs/llm-common libs/llm-embed libs/llm-testing \
             $(patsubst %/pyproject.toml,%,$(wildcard services/*/pyproject.toml)) \
             $(patsubst %/pyproject.toml,%,$(wildcard infra/envoy/pyproject.toml infra/local/pyproject.toml tools/llmctl/pyproject.toml))
 MODEL_ROOT ?= .cache/models
 DEMO_MODEL := $(MODEL_ROOT)/demo-llama
 PYTEST := $(VENV)/bin/pytest
-TYPED := libs/llm-common/src libs/llm-embed/src $(wildcard services/*/src infra/envoy/src infra/local/src tools/llmctl/src) \
+TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard services/*/src infra/envoy/src infra/local/src tools/llmctl/src) \
          bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \

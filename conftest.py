@@ -1,4 +1,4 @@
-"""Repository-wide pytest fixtures: Redis (from llm_common) and the demo checkpoint."""
+"""Repository-wide pytest fixtures: Redis (from llm_testing) and the demo checkpoint."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["llm_common.pytest_plugin"]
+pytest_plugins = ["llm_testing.pytest_plugin"]
 
 ROOT = Path(__file__).resolve().parent
 

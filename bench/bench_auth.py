@@ -47,7 +47,7 @@ from llm_auth.testing import (
     standard_claims,
     with_http_authz,
 )
-from llm_common.testing import free_port, redis_url_for_tests
+from llm_testing import free_port, redis_url_for_tests
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "services" / "auth" / "tests" / "integration" / "envoy.yaml.tmpl"

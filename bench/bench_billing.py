@@ -56,10 +56,10 @@ from llm_billing.server import Billing, build_billing
 from llm_billing.timeutil import Period
 from llm_billing.usage import Granularity, UsageQuery
 from llm_common.grpc_runtime import with_grpc_runtime
-from llm_common.testing import free_port, redis_url_for_tests, settings_for_tests
 from llm_router.clients.batching import BatchShape
 from llm_router.clients.billing import BillingClient, SettleBatcher
 from llm_router.clients.settings import DownstreamSettings
+from llm_testing import free_port, redis_url_for_tests, settings_for_tests
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 from llmapi.common.v1 import common_pb2

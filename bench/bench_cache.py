@@ -58,7 +58,7 @@ from llm_cache.server import encoder_dtype, redis_client
 from llm_cache.store import NewEntry, RedisStore
 from llm_common.grpc_runtime import with_grpc_runtime
 from llm_common.resilience import AsyncBreaker, BreakerMetrics
-from llm_common.testing import EmbeddedRedis, free_port, start_embedded_redis
+from llm_testing import EmbeddedRedis, free_port, start_embedded_redis
 from llmapi.cache.v1 import cache_service_pb2 as pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as pb_grpc
 from llmapi.common.v1 import common_pb2

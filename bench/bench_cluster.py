@@ -42,9 +42,9 @@ from llm_cache.config import RedisSettings as CacheRedisSettings
 from llm_cache.server import redis_client
 from llm_cache.store import NewEntry, RedisStore
 from llm_common.ports import free_port
-from llm_common.redis_cluster_local import LocalCluster, server_binary
 from llm_common.resilience import AsyncBreaker, BreakerMetrics
-from llm_common.testing import settings_for_tests
+from llm_testing import settings_for_tests
+from llm_testing.redis_cluster_local import LocalCluster, server_binary
 
 OUT = Path(__file__).parent / "results" / "cluster.json"
 TENANTS = [f"bench-t{i}" for i in range(64)]

@@ -58,7 +58,7 @@ import machine
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_common.grpc_runtime import with_grpc_runtime
-from llm_common.testing import free_port, redis_url_for_tests
+from llm_testing import free_port, redis_url_for_tests
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as inf_grpc

@@ -42,7 +42,7 @@ from llm_billing.prices import PriceBook, load_prices
 from llm_billing.store import make_client
 from llm_billing.usage_outbox import UsageOutbox
 from llm_billing.usagedb import UsageRow, UsageStore, make_engine, upgrade
-from llm_common.testing import redis_url_for_tests
+from llm_testing import redis_url_for_tests
 
 RESULTS = Path("bench/results/usage_store.json")
 PRICES = Path("infra/config/prices.yaml")

@@ -25,8 +25,8 @@ from llm_billing.ledger import ReserveInput, SettleInput, Usage
 from llm_billing.prices import load_prices
 from llm_billing.server import build_billing
 from llm_billing.timeutil import Period
-from llm_common.redis_cluster_local import LocalCluster
-from llm_common.testing import settings_for_tests
+from llm_testing import settings_for_tests
+from llm_testing.redis_cluster_local import LocalCluster
 
 PRICES = """currency: USD
 prices:

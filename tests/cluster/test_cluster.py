@@ -17,7 +17,7 @@ from redis.crc import key_slot
 
 from llm_auth.keyspace import Keyspace
 from llm_billing.keys import KeySpace
-from llm_common.redis_cluster_local import LocalCluster
+from llm_testing.redis_cluster_local import LocalCluster
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from llm_common.testing import free_port
+from llm_testing import free_port
 from llmapi.tokenizer.v1 import tokenizer_service_pb2 as pb
 from llmapi.tokenizer.v1 import tokenizer_service_pb2_grpc as pb_grpc
 

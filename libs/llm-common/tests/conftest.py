@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 # The monorepo's root conftest registers this plugin; importing its fixtures here lets the
 # package's tests also run on their own (only the root conftest may set pytest_plugins).
 from llm_common.metrics import RpcMetrics
-from llm_common.pytest_plugin import (
+from llm_testing.pytest_plugin import (
     json_logs,
     private_redis,
     redis_client,

@@ -11,7 +11,7 @@ import pytest
 from llm_common.channels import channel_options, make_channel, remaining_timeout
 from llm_common.deadlines import deadline_var
 from llm_common.errors import Unavailable
-from llm_common.testing import bytes_service, bytes_unary, running_server
+from llm_testing import bytes_service, bytes_unary, running_server
 
 SERVICE = "test.v1.Flaky"
 

@@ -14,7 +14,7 @@ from tokenizers import (
 )
 
 from llm_common.detokenizer import MAX_HELD_TOKENS, REPLACEMENT_CHAR, IncrementalDetokenizer
-from llm_common.testing import train_tiny_tokenizer
+from llm_testing import train_tiny_tokenizer
 
 TEXTS = [
     "plain ASCII text, nothing special.",

@@ -26,7 +26,7 @@ from llm_common.errors import (
     parse_error,
 )
 from llm_common.interceptors import INTERNAL_MESSAGE
-from llm_common.testing import (
+from llm_testing import (
     LogCapture,
     RunningServer,
     bytes_service,

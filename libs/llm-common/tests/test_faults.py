@@ -21,7 +21,7 @@ from llm_common.faults import (
     fault_interceptors,
     parse_rules,
 )
-from llm_common.testing import bytes_service, bytes_stream, bytes_unary, running_server
+from llm_testing import bytes_service, bytes_stream, bytes_unary, running_server
 
 SERVICE = "test.v1.Echo"
 ECHO, WORDS = f"/{SERVICE}/Echo", f"/{SERVICE}/Words"

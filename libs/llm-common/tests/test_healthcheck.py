@@ -7,7 +7,7 @@ import asyncio
 from grpc_health.v1 import health_pb2
 
 from llm_common.healthcheck import main
-from llm_common.testing import bytes_service, free_port, running_server
+from llm_testing import bytes_service, free_port, running_server
 
 
 async def test_probe_follows_the_servers_health() -> None:

@@ -23,7 +23,7 @@ from llm_common.errors import parse_error
 from llm_common.interceptors import REQUEST_ID_HEADER, request_id_from
 from llm_common.logging import current_request_id, get_logger
 from llm_common.metrics import RpcMetrics
-from llm_common.testing import (
+from llm_testing import (
     LogCapture,
     bytes_service,
     bytes_stream,

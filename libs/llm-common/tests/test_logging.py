@@ -18,7 +18,7 @@ from llm_common.logging import (
     request_id_var,
     scrub_text,
 )
-from llm_common.testing import LogCapture, captured_logs
+from llm_testing import LogCapture, captured_logs
 
 
 def test_structlog_line_has_context(json_logs: LogCapture) -> None:

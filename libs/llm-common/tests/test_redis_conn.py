@@ -17,7 +17,7 @@ from llm_common.redis_conn import (
     redis_url_from_env,
     verify_redis,
 )
-from llm_common.testing import free_port
+from llm_testing import free_port
 
 
 def test_cluster_nodes_win_over_redis_url_and_carry_credentials() -> None:

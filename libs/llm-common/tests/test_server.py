@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from llm_common import server as server_module
 from llm_common.config import ServerSettings
 from llm_common.server import BuiltServer, serve
-from llm_common.testing import bytes_service, free_port, running_server
+from llm_testing import bytes_service, free_port, running_server
 
 SERVICE = "test.v1.Echo"
 SERVING = health_pb2.HealthCheckResponse.SERVING

@@ -16,7 +16,7 @@ from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import PriceBook, load_prices
 from llm_billing.server import Billing, build_billing, build_spec
 from llm_common.redis_conn import is_cluster_url
-from llm_common.testing import (
+from llm_testing import (
     PrivateRedis,
     RunningServer,
     running_server,

@@ -18,7 +18,7 @@ from llm_cache.encoder import Encoder
 from llm_cache.metrics import CacheMetrics
 from llm_cache.server import CacheApp, build_spec, load_encoder
 from llm_common.resilience import BreakerMetrics
-from llm_common.testing import RunningServer, running_server, settings_for_tests
+from llm_testing import RunningServer, running_server, settings_for_tests
 from llmapi.cache.v1 import cache_service_pb2 as pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as pb_grpc
 from llmapi.common.v1 import common_pb2

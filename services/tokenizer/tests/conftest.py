@@ -8,7 +8,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_common.models_config import ModelCatalog, load_catalog
-from llm_common.testing import train_tiny_tokenizer, write_models_yaml, write_tiny_checkpoint
+from llm_testing import train_tiny_tokenizer, write_models_yaml, write_tiny_checkpoint
 
 
 @pytest.fixture(scope="session")

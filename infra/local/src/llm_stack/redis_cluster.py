@@ -13,8 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from llm_common.redis_cluster_local import cli_binary, server_binary
 from llm_stack.process import ProcessSpec
+from llm_testing.redis_cluster_local import cli_binary, server_binary
 
 CLUSTER_BASE_PORT = 7000
 NODES = 6  # 3 masters + 3 replicas

@@ -9,7 +9,7 @@ import pytest
 from tokenizers import Tokenizer
 
 from llm_common.models_config import ModelCatalog, load_catalog
-from llm_common.testing import (
+from llm_testing import (
     TINY_CHAT_TEMPLATE,
     train_tiny_tokenizer,
     write_models_yaml,

@@ -33,7 +33,7 @@ from llm_auth.server import AuthApp
 from llm_common.channels import make_channel
 from llm_common.metrics import RpcMetrics
 from llm_common.redis_conn import open_client
-from llm_common.testing import running_server, settings_for_tests
+from llm_testing import running_server, settings_for_tests
 
 ENVOY_START_TIMEOUT_S = 20.0
 HTTP_TIMEOUT_S = 5.0

@@ -30,7 +30,7 @@ from llm_auth.testing import (
 )
 from llm_common.metrics import RpcMetrics
 from llm_common.server import BuiltServer
-from llm_common.testing import free_port, start_embedded_redis
+from llm_testing import free_port, start_embedded_redis
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 

@@ -33,7 +33,7 @@ from llm_auth.testing import (
     unique_prefix,
     with_http_authz,
 )
-from llm_common.testing import free_port
+from llm_testing import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
 

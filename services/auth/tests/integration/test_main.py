@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_auth.apikeys import generate_key, parse_key
-from llm_common.testing import free_port
+from llm_testing import free_port
 from llmapi.auth.v1 import auth_service_pb2 as pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as pb_grpc
 

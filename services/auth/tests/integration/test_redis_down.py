@@ -19,7 +19,7 @@ from llm_auth.metrics import AuthMetrics
 from llm_auth.principal import KeyLimits
 from llm_auth.testing import AuthHarness, make_settings, serving
 from llm_common.errors import parse_error
-from llm_common.testing import EmbeddedRedis, start_embedded_redis
+from llm_testing import EmbeddedRedis, start_embedded_redis
 from llmapi.auth.v1 import auth_service_pb2 as pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as pb_grpc
 

@@ -16,7 +16,7 @@ import grpc
 import pytest
 from google.protobuf import timestamp_pb2
 
-from llm_common.testing import RunningServer, captured_logs
+from llm_testing import RunningServer, captured_logs
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 from llmapi.common.v1 import common_pb2

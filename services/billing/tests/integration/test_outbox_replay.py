@@ -24,7 +24,7 @@ from llm_billing.server import build_billing, build_spec
 from llm_common.outbox import Delivery, Outbox, OutboxItem
 from llm_common.resilience import Backoff
 from llm_common.server import running
-from llm_common.testing import free_port
+from llm_testing import free_port
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 

@@ -23,7 +23,7 @@ from llm_billing.ledger import ReserveInput, SettleInput, Usage
 from llm_billing.prices import PriceBook
 from llm_billing.server import Billing, build_billing
 from llm_billing.timeutil import Period
-from llm_common.testing import RunningServer
+from llm_testing import RunningServer
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 

@@ -22,7 +22,7 @@ from google.protobuf import timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_billing.config import Settings
-from llm_common.testing import free_port
+from llm_testing import free_port
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 

@@ -20,7 +20,7 @@ from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import PriceBook
 from llm_billing.server import build_billing, build_spec
 from llm_common.errors import ErrorDetails, parse_error
-from llm_common.testing import (
+from llm_testing import (
     RunningServer,
     running_server,
     settings_for_tests,

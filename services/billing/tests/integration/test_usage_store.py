@@ -28,7 +28,7 @@ from llm_billing.service import timestamp
 from llm_billing.timeutil import HOUR_MS
 from llm_billing.usage import Granularity, UsageQuery
 from llm_billing.usagedb import usage_records
-from llm_common.testing import running_server
+from llm_testing import running_server
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from llm_billing.config import Settings
 from llm_billing.keys import KeySpace
 from llm_billing.usagedb import driver_url
-from llm_common.testing import free_port
+from llm_testing import free_port
 from llmapi.billing.v1 import billing_service_pb2 as pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as pb_grpc
 

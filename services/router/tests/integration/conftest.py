@@ -36,7 +36,6 @@ from llm_cache.server import CacheApp
 from llm_cache.server import build_spec as cache_spec
 from llm_common.config import ServerSettings
 from llm_common.models_config import Deployment, ModelCatalog, load_catalog
-from llm_common.testing import RunningServer, running_server, settings_for_tests
 from llm_common.tokenization.registry import load_registry
 from llm_inference.config import EngineSettings
 from llm_inference.config import Limits as InferenceLimits
@@ -49,6 +48,7 @@ from llm_router.observability import RouterMetrics
 from llm_router.routing.settings import RoutingSettings
 from llm_router.safety.policies import PolicyBook
 from llm_router.server import Runtime, build_runtime
+from llm_testing import RunningServer, running_server, settings_for_tests
 from llm_tokenizer.config import Limits as TokenizerLimits
 from llm_tokenizer.server import build_spec as tokenizer_spec
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from llm_common.testing import free_port
 from llm_router.config import Settings
+from llm_testing import free_port
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as cache_grpc
 from llmapi.common.v1 import common_pb2

@@ -12,8 +12,8 @@ from google.protobuf import timestamp_pb2
 
 from llm_auth.testing import delete_prefix, unique_prefix
 from llm_common.errors import parse_error
-from llm_common.testing import LogCapture, free_port
 from llm_router.safety.policies import parse_policies
+from llm_testing import LogCapture, free_port
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 from llmapi.common.v1 import common_pb2

@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 
 from llm_common.errors import parse_error
 from llm_common.models_config import ModelSpec
-from llm_common.testing import RunningServer, running_server, settings_for_tests
 from llm_inference.config import EngineSettings
 from llm_inference.config import Settings as InferenceSettings
 from llm_inference.metrics import InferenceMetrics
 from llm_inference.server import load_service
 from llm_router.safety.policies import parse_policies
+from llm_testing import RunningServer, running_server, settings_for_tests
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 from llmapi.llm.v1 import llm_service_pb2 as pb

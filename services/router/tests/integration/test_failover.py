@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from llm_common.errors import parse_error
-from llm_common.testing import bytes_service, free_port, running_server
 from llm_router.routing.settings import RoutingSettings
+from llm_testing import bytes_service, free_port, running_server
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

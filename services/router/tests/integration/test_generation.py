@@ -18,10 +18,10 @@ from google.protobuf import timestamp_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_common.errors import parse_error
-from llm_common.testing import LogCapture
 from llm_router.api.identity import Caller as RouterCaller
 from llm_router.safety.policies import parse_policies
 from llm_router.tokens.attestation import AttestationSettings
+from llm_testing import LogCapture
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 from llmapi.common.v1 import common_pb2

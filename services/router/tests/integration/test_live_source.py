@@ -14,7 +14,6 @@ import pytest
 
 from llm_common.errors import Unavailable
 from llm_common.models_config import Deployment
-from llm_common.testing import RunningServer, bytes_service, running_server
 from llm_router.background import Background
 from llm_router.clients.inference import InferenceClient, ReplicaChannels
 from llm_router.generation.sources import LiveSource
@@ -22,6 +21,7 @@ from llm_router.routing.dispatch import Placed, Started, Target
 from llm_router.routing.load import Ticket
 from llm_router.routing.replica_stream import GenerateCall
 from llm_router.routing.selection import Choice
+from llm_testing import RunningServer, bytes_service, running_server
 from llmapi.common.v1 import common_pb2
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as inf_grpc

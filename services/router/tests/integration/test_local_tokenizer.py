@@ -11,10 +11,10 @@ import pytest
 
 from llm_common.errors import InvalidArgument
 from llm_common.models_config import ModelCatalog
-from llm_common.testing import free_port
 from llm_common.tokenization.registry import ModelLoadError
 from llm_router.clients.tokenizer import TokenizerClient
 from llm_router.tokens.local import LocalTokenizer, TokenizeMode, load_local
+from llm_testing import free_port
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

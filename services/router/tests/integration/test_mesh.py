@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from llm_auth.testing import running_envoy
-from llm_common.testing import free_port
+from llm_testing import free_port
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

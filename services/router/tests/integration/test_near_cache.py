@@ -12,10 +12,10 @@ import pytest_asyncio
 from prometheus_client import CollectorRegistry, Counter
 
 from llm_common.channels import make_channel
-from llm_common.testing import free_port
 from llm_router.cache.near import NearCacheSettings
 from llm_router.cache.near_feed import HitReporter
 from llm_router.clients.cache import CacheClient
+from llm_testing import free_port
 from llmapi.cache.v1 import cache_service_pb2 as cache_pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as cache_grpc
 from llmapi.llm.v1 import llm_service_pb2 as pb

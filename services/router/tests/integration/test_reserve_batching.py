@@ -15,10 +15,10 @@ import pytest
 
 from llm_auth.testing import delete_prefix, unique_prefix
 from llm_common.errors import QuotaExceeded
-from llm_common.testing import RunningServer, free_port
 from llm_router.clients.batching import BatchShape
 from llm_router.clients.billing import BillingClient, ReserveResult
 from llm_router.errors import DependencyUnavailable
+from llm_testing import RunningServer, free_port
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 

@@ -17,12 +17,12 @@ from prometheus_client import CollectorRegistry
 
 from llm_auth.testing import delete_prefix, unique_prefix
 from llm_common.outbox import Outbox
-from llm_common.testing import free_port
 from llm_router.background import Background
 from llm_router.clients.billing import BillingCall, BillingClient, ItemResult, SettleBatcher
 from llm_router.observability import RouterMetrics
 from llm_router.settlement.outbox import BillingSpool
 from llm_router.settlement.settle import Admission, Outcome, Settler
+from llm_testing import free_port
 from llmapi.billing.v1 import billing_service_pb2 as billing_pb
 from llmapi.billing.v1 import billing_service_pb2_grpc as billing_grpc
 from llmapi.common.v1 import common_pb2

@@ -19,7 +19,6 @@ import pytest
 from llm_common.errors import InvalidArgument, parse_error
 from llm_common.models_config import ModelCatalog
 from llm_common.server import ServiceSpec
-from llm_common.testing import RunningServer, free_port, running_server, settings_for_tests
 from llm_common.tokenization.registry import load_registry
 from llm_router.clients.tokenizer import TokenizerClient
 from llm_router.config import Settings
@@ -27,6 +26,7 @@ from llm_router.tokens.attestation import AttestationSettings
 from llm_router.tokens.local import TokenizeMode, load_local
 from llm_router.tokens.memo import MemoSettings, TokenMemo
 from llm_router.tokens.prompt import PromptTokenizer
+from llm_testing import RunningServer, free_port, running_server, settings_for_tests
 from llm_tokenizer.config import Limits as TokenizerLimits
 from llm_tokenizer.service import TokenizerServicer
 from llmapi.common.v1 import common_pb2

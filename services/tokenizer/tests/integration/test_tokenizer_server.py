@@ -14,8 +14,8 @@ from tokenizers import Tokenizer
 
 from llm_common.errors import FieldViolation, parse_error
 from llm_common.models_config import load_catalog
-from llm_common.testing import RunningServer, running_server, settings_for_tests
 from llm_common.tokenization.registry import Registry, load_registry
+from llm_testing import RunningServer, running_server, settings_for_tests
 from llm_tokenizer.config import Limits
 from llm_tokenizer.server import SERVICE_NAME, build_spec
 from llmapi.common.v1 import common_pb2

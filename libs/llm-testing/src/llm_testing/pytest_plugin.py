@@ -1,5 +1,5 @@
 """Shared pytest fixtures (real Redis with per-test key prefixes); load with
-`pytest_plugins = ["llm_common.pytest_plugin"]` in the root conftest."""
+`pytest_plugins = ["llm_testing.pytest_plugin"]` in the root conftest."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import pytest
 import pytest_asyncio
 import redis.asyncio
 
-from llm_common.redis_cluster_local import LocalCluster
 from llm_common.redis_conn import open_client, redis_url_from_env
-from llm_common.testing import (
+from llm_testing import (
     LogCapture,
     PrivateRedis,
     captured_logs,
     delete_prefixed,
     redis_url_for_tests,
 )
+from llm_testing.redis_cluster_local import LocalCluster
 
 
 @dataclass(frozen=True, slots=True)

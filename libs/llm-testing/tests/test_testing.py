@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 import redis.asyncio
 
-from llm_common.testing import (
+from llm_testing import (
     delete_prefixed,
     free_port,
     redis_reachable,
