@@ -16,7 +16,7 @@ TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard 
          bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare \
+        test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
         bench-stack bench-load bench-structured test-cluster bench-cluster
 
@@ -149,6 +149,21 @@ status: ## processes of `make up`, their health and logs
 
 envoy-config: setup ## re-render infra/k8s/base/envoy
 	$(PY) -m llm_envoy k8s
+
+# The running Envoy's directory (`make up`: $(LLM_RUN_DIR)/envoy); POLICY: the policy file.
+ENVOY_DIR ?= $(or $(LLM_RUN_DIR),.run)/envoy
+POLICY ?= infra/envoy/policy.yaml
+mesh-apply: setup ## check POLICY, envoy --mode validate, swap the xDS files of the running Envoy
+	$(PY) -m llm_envoy --policy '$(POLICY)' apply --workdir '$(ENVOY_DIR)'
+
+mesh-show: setup ## the effective mesh policy and the live values from Envoy's config_dump
+	$(PY) -m llm_envoy --policy '$(POLICY)' show --workdir '$(ENVOY_DIR)'
+
+mesh-status: setup ## breakers, retries, budget exhaustion, ejections, health, route latency
+	$(PY) -m llm_envoy status --workdir '$(ENVOY_DIR)'
+
+bench-mesh-reload: model ## 200+ streams through the edge while two policies are applied → bench/results/mesh_reload.json
+	$(PY) bench/bench_mesh_reload.py
 
 compose-prepare: model ## secrets and Envoy config for infra/compose.yaml
 	$(PY) -m llm_stack prepare

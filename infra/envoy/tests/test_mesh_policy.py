@@ -25,7 +25,23 @@ BEFORE_POLICY = json.loads((Path(__file__).parent / "before_policy.json").read_t
 
 
 def _digest(config: Config) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+    """Of the config without the routes' stat_prefix, added with the policy (per-route
+    stats); everything else must be unchanged."""
+    text = json.dumps(_without_route_stats(config), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _without_route_stats(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_without_route_stats(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    is_route = "match" in value
+    return {
+        k: _without_route_stats(v)
+        for k, v in value.items()
+        if not (is_route and k == "stat_prefix")
+    }
 
 
 def _rendered(policy: MeshPolicy) -> dict[str, str]:

@@ -1,14 +1,19 @@
-"""`python -m llm_envoy k8s|local`: render the Envoy configs."""
+"""`python -m llm_envoy k8s|local|apply|show|status`: render the Envoy configs, apply a
+changed policy to a running Envoy, and read back what it runs."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from llm_envoy import layouts, render
+from llm_envoy import apply, layouts, mesh_view, render
+from llm_envoy.local_spec import LocalSpec
 from llm_envoy.policy import DEFAULT_POLICY_FILE, PolicyError, load_policy
 from llm_envoy.topology import Endpoint
+
+EXIT_REFUSED = 2
 
 
 def _endpoint(text: str) -> Endpoint:
@@ -29,23 +34,70 @@ def _parser() -> argparse.ArgumentParser:
     local = sub.add_parser("local", help="the one-host config (default ports)")
     local.add_argument("--out", type=Path, required=True, help="Envoy's working directory")
     local.add_argument("--otlp", type=_endpoint, help="OTLP/gRPC collector host:port")
+    for name, text in (
+        ("apply", "validate the policy and swap it into the running Envoy"),
+        ("show", "the effective policy and the values the running Envoy holds"),
+        ("status", "breakers, retries, ejections, health and route latency"),
+    ):
+        cmd = sub.add_parser(name, help=text)
+        cmd.add_argument("--workdir", type=Path, required=True, help="the running Envoy's dir")
+        cmd.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+def _apply(args: argparse.Namespace) -> int:
+    try:
+        done = apply.apply(args.workdir, args.policy)
+    except (PolicyError, apply.ApplyError) as exc:
+        print(f"mesh-apply: not applied, the running config is unchanged.\n{exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    if args.json:
+        print(json.dumps({"version": done.version, "previous": done.previous,
+                          "validate_s": done.validate_s, "apply_s": done.apply_s}))  # fmt: skip
+    else:
+        print(f"applied version {done.version} (was {done.previous or '-'}): "
+              f"validated in {done.validate_s:.2f} s, live in {done.apply_s:.3f} s "
+              f"({', '.join(done.files)})")  # fmt: skip
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
     try:
         policy = load_policy(args.policy)
     except PolicyError as exc:
-        sys.exit(str(exc))
+        print(exc, file=sys.stderr)
+        return EXIT_REFUSED
     if args.command == "k8s":
         for path in render.render_k8s(args.out, args.protos, args.namespace, policy):
             print(path)
+    elif args.command == "local":
+        spec = LocalSpec(otlp=args.otlp)
+        print(render.render_local_spec(spec, args.out, args.protos, policy))
+    elif args.command == "show":
+        admin = LocalSpec.read(args.workdir).admin
+        if args.json:
+            data = {"effective_policy": mesh_view.policy_dict(policy),
+                    "live": mesh_view.live_values(admin)}  # fmt: skip
+            print(json.dumps(data, indent=2))
+        else:
+            print(mesh_view.show_text(policy, admin))
     else:
-        layout = layouts.local_layout(layouts.LocalPorts(), otlp=args.otlp, policy=policy)
-        print(render.render_local(layout, args.out, args.protos))
+        admin = LocalSpec.read(args.workdir).admin
+        if args.json:
+            data = {"clusters": mesh_view.cluster_status(admin),
+                    "route_latency_ms": mesh_view.route_latency(admin)}  # fmt: skip
+            print(json.dumps(data, indent=2))
+        else:
+            print(mesh_view.status_text(admin))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    code = _apply(args) if args.command == "apply" else _render(args)
     sys.stdout.flush()
+    return code
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from llm_envoy import bootstrap, layouts
+from llm_envoy import bootstrap, layouts, xds
 from llm_envoy.descriptor import build_descriptor
+from llm_envoy.local_spec import LocalSpec
 from llm_envoy.policy_model import MeshPolicy
 from llm_envoy.topology import DESCRIPTOR, LOG_DIR, SERVICES, Layout
 
@@ -20,14 +22,36 @@ def sidecar_file(service: str) -> str:
 
 
 def render_local(layout: Layout, workdir: Path, protos_root: Path) -> Path:
-    """envoy.yaml, proto/llm.pb and logs/ in `workdir` (Envoy's working directory).
-    The certificates (certs/) are the caller's: see llm_envoy.certs."""
+    """envoy.yaml (the bootstrap), xds/ (clusters, listeners, routes: filesystem xDS),
+    proto/llm.pb and logs/ in `workdir` (Envoy's working directory). The certificates
+    (certs/) are the caller's: see llm_envoy.certs."""
     (workdir / LOG_DIR).mkdir(parents=True, exist_ok=True)
     build_descriptor(protos_root, workdir / DESCRIPTOR)
+    split = xds.split(bootstrap.local_config(layout))
+    header = GENERATED.format(command="local")
+    for name, response in split.files.items():
+        write_atomically(workdir / xds.XDS_DIR / name, bootstrap.to_yaml(response, header))
     path = workdir / LOCAL_CONFIG
-    text = bootstrap.to_yaml(bootstrap.local_config(layout), GENERATED.format(command="local"))
-    path.write_text(text, encoding="utf-8")
+    write_atomically(path, bootstrap.to_yaml(split.bootstrap, header))
     return path
+
+
+def render_local_spec(
+    spec: LocalSpec, workdir: Path, protos_root: Path, policy: MeshPolicy
+) -> Path:
+    """`render_local`, and `layout.json` so that `mesh-apply` can re-render it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec.write(workdir)
+    return render_local(spec.layout(policy), workdir, protos_root)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write beside `path`, then rename over it: Envoy's watch sees only renames, and a
+    reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text(text, encoding="utf-8")
+    os.replace(temp, path)
 
 
 def k8s_files(

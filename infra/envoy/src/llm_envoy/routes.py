@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -227,8 +228,15 @@ def _limited(level: str) -> Config:
     }
 
 
+def route_stat_prefix(name: str) -> str:
+    """A route's stats prefix (`vhost.<vhost>.route.<prefix>.upstream_rq_time`, ...)."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", name).strip("_")
+
+
 def _route(match: Config, action: Config, per_filter: Config, name: str) -> Config:
-    route: Config = {"name": name, "match": match, "route": action}
+    # Per-route stats: latency and outcomes by method, not only by cluster.
+    route: Config = {"name": name, "stat_prefix": route_stat_prefix(name), "match": match}
+    route["route"] = action
     if per_filter:
         route["typed_per_filter_config"] = per_filter
     return route

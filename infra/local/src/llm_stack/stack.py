@@ -14,8 +14,9 @@ from pathlib import Path
 from llm_common.redis_conn import is_cluster_url, redacted
 from llm_common.resilience import backoff_delay
 from llm_envoy.certs import ensure_dev_pki
-from llm_envoy.layouts import local_layout
-from llm_envoy.render import render_local
+from llm_envoy.local_spec import LocalSpec
+from llm_envoy.policy import load_policy
+from llm_envoy.render import render_local_spec
 from llm_envoy.topology import Layout
 from llm_stack import catalogue, probes, redis_cluster, specs
 from llm_stack.config import StackConfig
@@ -300,20 +301,25 @@ class Stack:
         clear_state(self.config.run_dir)
 
 
+MESH_POLICY = "infra/envoy/policy.yaml"
+
+
 def render_envoy(config: StackConfig, replicas: list[catalogue.LocalReplica]) -> Layout:
     """Envoy's working directory for this stack: envoy.yaml, proto/, logs/ and dev certs/."""
     workdir = config.run_dir / "envoy"
     ensure_dev_pki(workdir / "certs", mesh_identity="spiffe://llm.local/ns/local/sa/stack")
     generation = catalogue.generation_ports(replicas)
     balanced = tuple(config.ports.replica_port(p) for p in generation)
-    layout = local_layout(
+    spec = LocalSpec(
         replace(config.ports.envoy, inference=balanced),
         otlp=config.otlp,
         admin_tenant=config.admin_tenant,
         listen_host=config.listen_host,
     )
-    render_local(layout, workdir, config.root / "protos")
-    return layout
+    # The mesh policy `make mesh-apply` later swaps in without a restart.
+    policy = load_policy(config.root / MESH_POLICY)
+    render_local_spec(spec, workdir, config.root / "protos", policy)
+    return spec.layout(policy)
 
 
 def _stop_all(processes: Iterable[ManagedProcess]) -> None:
