@@ -111,7 +111,7 @@ class _OpenAIFallback:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        from llm_router.openai_http import start_openai_http
+        from llm_router.api.openai_http import start_openai_http
 
         started = asyncio.run_coroutine_threadsafe(
             start_openai_http("127.0.0.1", port, router), self._loop

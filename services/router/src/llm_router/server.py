@@ -19,6 +19,8 @@ from llm_common.server import BuiltServer, ServiceSpec
 from llm_router.admission.admit import Admitter
 from llm_router.admission.quota_lease import QuotaLeases
 from llm_router.admission.quota_memo import UnlimitedKeys
+from llm_router.api.openai_http import OpenAIHttp, start_openai_http
+from llm_router.api.openai_http.in_process import InProcessLLMService
 from llm_router.api.servicer import LLMServicer, ServiceDeps
 from llm_router.background import Background
 from llm_router.cache.near import NearCache
@@ -33,8 +35,6 @@ from llm_router.clients.tokenizer import TokenizerClient
 from llm_router.config import Settings
 from llm_router.embedder import Embedder
 from llm_router.observability import RouterMetrics
-from llm_router.openai_http import OpenAIHttp, start_openai_http
-from llm_router.openai_http.in_process import InProcessLLMService
 from llm_router.pipeline import Pipeline
 from llm_router.routing.dispatch import Dispatcher
 from llm_router.routing.load import LoadBoard

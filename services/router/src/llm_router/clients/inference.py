@@ -104,4 +104,5 @@ def snapshot_from(report: inf_pb.LoadReport) -> LoadSnapshot:
         running_remaining_tokens=report.running_remaining_tokens,
         tokens_per_second=report.tokens_per_second,
         max_num_seqs=max(1, report.max_num_seqs),
+        draining=report.draining,
     )

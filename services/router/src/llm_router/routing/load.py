@@ -20,6 +20,7 @@ class LoadSnapshot:
     running_remaining_tokens: int = 0
     tokens_per_second: float = 0.0
     max_num_seqs: int = 1
+    draining: bool = False  # shutting down: finishes its work, takes none
 
 
 class Health:
@@ -28,6 +29,7 @@ class Health:
     FRESH = "fresh"  # a recent load report
     UNKNOWN = "unknown"  # no report yet, or a stale one: usable, but preferred last
     EXCLUDED = "excluded"  # failed recently: not used until its exclusion ends
+    DRAINING = "draining"  # said it is shutting down: not used until it reports otherwise
 
 
 @dataclass(slots=True)
@@ -84,10 +86,13 @@ class LoadBoard:
         self._get(replica).reported_at = -math.inf
 
     def health(self, replica: str) -> str:
-        """FRESH, UNKNOWN or EXCLUDED (see Health)."""
+        """FRESH, UNKNOWN, EXCLUDED or DRAINING (see Health)."""
         state = self._get(replica)
         if self._clock() < state.excluded_until:
             return Health.EXCLUDED
+        # Kept past the stream's end: a replica back at the same address reports afresh.
+        if state.report is not None and state.report.draining:
+            return Health.DRAINING
         return Health.FRESH if self._fresh(state) else Health.UNKNOWN
 
     def _fresh(self, state: _Replica) -> bool:

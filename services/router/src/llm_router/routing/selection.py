@@ -16,6 +16,7 @@ REASON_AFFINITY = "affinity"  # the replica holding the longest prefix had the l
 REASON_LOAD = "load"  # least expected wait without a prefix advantage
 REASON_IMBALANCE = "imbalance"  # load too uneven: the least loaded replica, affinity ignored
 REASON_ROUND_ROBIN = "round_robin"
+_USABLE = (Health.FRESH, Health.UNKNOWN)
 REASON_UNKNOWN = "unknown_load"  # no fresh load report from any usable replica
 
 
@@ -80,9 +81,7 @@ class ReplicaSelector:
         self, job: Job, replicas: Sequence[str], exclude: Collection[str] = ()
     ) -> Choice | None:
         """The replica for `job` among `replicas` minus `exclude`; None when none is usable."""
-        usable = [
-            r for r in replicas if r not in exclude and self._board.health(r) != Health.EXCLUDED
-        ]
+        usable = [r for r in replicas if r not in exclude and self._board.health(r) in _USABLE]
         if not usable:
             return None
         fresh = [r for r in usable if self._board.health(r) == Health.FRESH]

@@ -24,8 +24,8 @@ from llm_common.errors import (
     Unavailable,
 )
 from llm_common.server import ServiceSpec
-from llm_router.openai_http import OpenAIHttp, start_openai_http
-from llm_router.openai_http.in_process import InProcessLLMService
+from llm_router.api.openai_http import OpenAIHttp, start_openai_http
+from llm_router.api.openai_http.in_process import InProcessLLMService
 from llm_testing import running_server
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb

@@ -18,8 +18,8 @@ from llm_common.errors import (
     ServiceError,
     Unavailable,
 )
-from llm_router.openai_http import chunks, responses
-from llm_router.openai_http.errors import from_rpc_error, openai_param
+from llm_router.api.openai_http import chunks, responses
+from llm_router.api.openai_http.errors import from_rpc_error, openai_param
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

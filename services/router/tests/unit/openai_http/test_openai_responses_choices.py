@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from llm_router.openai_http import chunks, responses
-from llm_router.openai_http.errors import openai_param
+from llm_router.api.openai_http import chunks, responses
+from llm_router.api.openai_http.errors import openai_param
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

@@ -18,8 +18,8 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from llm_router.openai_http import chunks, responses, translate
-from llm_router.openai_http.errors import OpenAIError
+from llm_router.api.openai_http import chunks, responses, translate
+from llm_router.api.openai_http.errors import OpenAIError
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

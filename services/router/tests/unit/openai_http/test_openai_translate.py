@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from llm_router.openai_http import translate
-from llm_router.openai_http.errors import OpenAIError
+from llm_router.api.openai_http import translate
+from llm_router.api.openai_http.errors import OpenAIError
 from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 

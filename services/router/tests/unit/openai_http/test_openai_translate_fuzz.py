@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_router.openai_http import translate
-from llm_router.openai_http.errors import OpenAIError
+from llm_router.api.openai_http import translate
+from llm_router.api.openai_http.errors import OpenAIError
 from llmapi.llm.v1 import llm_service_pb2 as pb
 
 FUZZ = settings(

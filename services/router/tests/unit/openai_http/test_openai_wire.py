@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from llm_router.openai_http.wire import HttpError, HttpRequest, read_request
+from llm_router.api.openai_http.wire import HttpError, HttpRequest, read_request
 
 
 async def read(data: bytes, max_body: int = 1024) -> tuple[HttpRequest | None, list[str]]:

@@ -8,10 +8,10 @@ from typing import Any
 import grpc
 from opentelemetry import propagate, trace
 
-from llm_router.openai_http import chunks, responses, translate
-from llm_router.openai_http.errors import SERVER, OpenAIError, from_rpc_error
-from llm_router.openai_http.in_process import InProcessLLMService
-from llm_router.openai_http.wire import HttpRequest, ResponseWriter
+from llm_router.api.openai_http import chunks, responses, translate
+from llm_router.api.openai_http.errors import SERVER, OpenAIError, from_rpc_error
+from llm_router.api.openai_http.in_process import InProcessLLMService
+from llm_router.api.openai_http.wire import HttpRequest, ResponseWriter
 from llmapi.llm.v1 import llm_service_pb2 as pb
 from llmapi.llm.v1 import llm_service_pb2_grpc as pb_grpc
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from llm_router.openai_http.responses import (
+from llm_router.api.openai_http.responses import (
     JSON,
     chat_logprobs,
     finish_reason,

@@ -10,10 +10,10 @@ import grpc
 
 from llm_common.channels import make_channel
 from llm_common.logging import get_logger
-from llm_router.openai_http.app import OpenAIApp
-from llm_router.openai_http.errors import OpenAIError
-from llm_router.openai_http.in_process import InProcessLLMService
-from llm_router.openai_http.wire import (
+from llm_router.api.openai_http.app import OpenAIApp
+from llm_router.api.openai_http.errors import OpenAIError
+from llm_router.api.openai_http.in_process import InProcessLLMService
+from llm_router.api.openai_http.wire import (
     CONTINUE,
     MAX_BODY_BYTES,
     MAX_HEADER_BYTES,

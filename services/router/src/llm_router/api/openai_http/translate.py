@@ -6,15 +6,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from llm_router.openai_http.errors import invalid
-from llm_router.openai_http.translate_sampling import (
+from llm_router.api.openai_http.errors import invalid
+from llm_router.api.openai_http.translate_sampling import (
     MAX_N,
     chat_logprobs,
     completion_logprobs,
     sampling,
 )
-from llm_router.openai_http.translate_tools import messages, tool_fields
-from llm_router.openai_http.values import Payload, flag, integer, number, text
+from llm_router.api.openai_http.translate_tools import messages, tool_fields
+from llm_router.api.openai_http.values import Payload, flag, integer, number, text
 from llmapi.llm.v1 import llm_service_pb2 as pb
 
 # Parameters the platform cannot honour: sending them with a non-default value is a 400

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from llm_router.openai_http.errors import invalid
-from llm_router.openai_http.values import Payload, compact_json, flag, obj, text
+from llm_router.api.openai_http.errors import invalid
+from llm_router.api.openai_http.values import Payload, compact_json, flag, obj, text
 from llmapi.common.v1 import common_pb2
 
 MAX_CHOICES = 256

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llm_router.openai_http.errors import invalid
-from llm_router.openai_http.translate_format import output_format
-from llm_router.openai_http.values import (
+from llm_router.api.openai_http.errors import invalid
+from llm_router.api.openai_http.translate_format import output_format
+from llm_router.api.openai_http.values import (
     INT32_MAX,
     INT64_MAX,
     Payload,

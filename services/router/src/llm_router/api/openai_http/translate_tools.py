@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llm_router.openai_http.errors import invalid
-from llm_router.openai_http.values import Payload, compact_json, flag, obj, optional, text
+from llm_router.api.openai_http.errors import invalid
+from llm_router.api.openai_http.values import Payload, compact_json, flag, obj, optional, text
 from llmapi.common.v1 import common_pb2
 
 MAX_TOOLS = 128

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from llm_router.openai_http.errors import invalid
+from llm_router.api.openai_http.errors import invalid
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
