@@ -8,6 +8,7 @@ import dataclasses
 import gc
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,8 @@ from llm_common.metrics import RpcMetrics, serve_metrics
 from llm_common.tracing import configure_tracing
 
 Hook = Callable[[], Awaitable[None]]
+# Told the grace period in seconds; returns once the service's own streams have ended.
+DrainHook = Callable[[float], Awaitable[None]]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 _log = get_logger(__name__)
@@ -38,6 +41,9 @@ class ServiceSpec:
     register: Callable[[grpc.aio.Server], None]  # adds the servicers
     on_start: Hook | None = None  # open downstream channels / Redis; health waits for it
     on_stop: Hook | None = None  # close them, after the server has drained
+    # Shutdown began (health is NOT_SERVING): refuse new work, finish or hand off the running
+    # work within the grace period and end long-lived streams; the listener closes after.
+    on_drain: DrainHook | None = None
     interceptors: Sequence[grpc.aio.ServerInterceptor] = field(default=())  # run innermost
     # Full method names whose access log line is DEBUG (hot paths such as ext_authz Check).
     quiet_methods: frozenset[str] = frozenset()
@@ -115,9 +121,17 @@ async def _set_health(built: BuiltServer, spec: ServiceSpec, status: Any) -> Non
 STOP_MARGIN_S = 5.0
 
 
-async def _stop(built: BuiltServer, grace_s: float) -> None:
+async def _stop(built: BuiltServer, grace_s: float, on_drain: DrainHook | None = None) -> None:
     # Probes see NOT_SERVING first, so load balancers drain before the listener closes.
     await built.health.enter_graceful_shutdown()
+    started = time.monotonic()
+    if on_drain is not None:
+        # The service drains while still reachable (health answers NOT_SERVING, its own
+        # RPCs refuse new work politely); the listener closes once it is done.
+        draining = asyncio.ensure_future(on_drain(grace_s))
+        await asyncio.wait({draining}, timeout=grace_s)
+        await _end_drain(draining)
+    grace_s = max(grace_s - (time.monotonic() - started), 0.0)
     # asyncio.wait, not wait_for: wait_for waits for the cancelled task to finish, which never
     # happens if something inside it swallows the cancellation.
     stopping = asyncio.ensure_future(built.server.stop(grace_s))
@@ -125,6 +139,15 @@ async def _stop(built: BuiltServer, grace_s: float) -> None:
     if not done:
         stopping.cancel()
         _log.warning("server stop overran its grace period; giving up on it", grace_s=grace_s)
+
+
+async def _end_drain(draining: asyncio.Future[None]) -> None:
+    """Cancel a drain that outlived the grace period; log a failed one."""
+    if not draining.done():
+        draining.cancel()
+    await asyncio.wait({draining})
+    if not draining.cancelled() and draining.exception() is not None:
+        _log.warning("drain hook failed", error=repr(draining.exception()))
 
 
 @contextlib.asynccontextmanager
@@ -150,7 +173,7 @@ async def running(
         await _set_health(built, spec, SERVING)
         yield built
     finally:
-        await _stop(built, settings.shutdown_grace_s)
+        await _stop(built, settings.shutdown_grace_s, spec.on_drain)
         if started and spec.on_stop is not None:
             await spec.on_stop()
 

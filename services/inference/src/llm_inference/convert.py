@@ -86,7 +86,9 @@ def timings(value: RequestTimings) -> pb.Timings:
     )
 
 
-def load_report(load: LoadSnapshot, replica_id: str, now_ns: int | None = None) -> pb.LoadReport:
+def load_report(
+    load: LoadSnapshot, replica_id: str, now_ns: int | None = None, *, draining: bool = False
+) -> pb.LoadReport:
     """A LoadReport stamped with the wall-clock time (ns since the epoch) it was observed."""
     observed_at = timestamp_pb2.Timestamp()
     observed_at.FromNanoseconds(time.time_ns() if now_ns is None else now_ns)
@@ -101,6 +103,7 @@ def load_report(load: LoadSnapshot, replica_id: str, now_ns: int | None = None) 
         prefix_cache_hit_rate=load.prefix_cache_hit_rate,
         max_num_seqs=load.max_num_seqs,
         observed_at=observed_at,
+        draining=draining,
     )
 
 

@@ -137,7 +137,11 @@ def build_spec(
         pb_grpc.add_InferenceServiceServicer_to_server(servicer, server)
 
     return ServiceSpec(
-        service_names=(SERVICE_NAME,), register=register, on_start=on_start, on_stop=on_stop
+        service_names=(SERVICE_NAME,),
+        register=register,
+        on_start=on_start,
+        on_stop=on_stop,
+        on_drain=servicer.drain,
     )
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
@@ -23,6 +22,7 @@ from llm_inference import convert, validation
 from llm_inference.config import Limits
 from llm_inference.delivery import Grouped
 from llm_inference.deployment import ModelFacts
+from llm_inference.drain import Drain
 from llm_inference.embedding.runtime import EmbeddingRuntime
 from llm_inference.engine.api import (
     EngineError,
@@ -41,6 +41,7 @@ from llmapi.inference.v1 import inference_service_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext[Any, Any]
 ENGINE_RETRY_AFTER_S = 1.0
+DRAINING_RETRY_AFTER_S = 0.5
 _log = get_logger(__name__)
 
 
@@ -72,12 +73,15 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         self._replica_id = replica_id
         self._sequence = itertools.count()
         self._running: dict[str, set[str]] = {}  # caller's request_id -> engine ids
+        self._drain = Drain()
 
     # Method names are the contract's RPC names, hence the noqa N802.
     async def Generate(  # noqa: N802
         self, request: pb.GenerateRequest, context: Context
     ) -> AsyncIterator[pb.GenerateResponse]:
         generation = self._generation()
+        if self._drain.draining:
+            raise Unavailable("this replica is shutting down", DRAINING_RETRY_AFTER_S)
         given = validation.generate_input(request, generation.facts, self._limits)
         # Callers' ids need not be unique; the engine's must be.
         engine_id = f"{given.request_id[:96]}#{next(self._sequence)}"
@@ -95,9 +99,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         try:
             async for event in messages:
                 last = event
-                yield convert.generate_response(
+                response = convert.generate_response(
                     event, detokenize=given.detokenize, tokens=generation.token_bytes
                 )
+                if event.finish_reason is not None and engine_id in self._drain.handed_back:
+                    # Ended by the drain, not by its caller: ERROR tells the router to resume
+                    # it on another replica.
+                    response.finish_reason = common_pb2.FINISH_REASON_ERROR
+                yield response
                 if event.finish_reason is not None:
                     self._finished(given.request_id, event)
                     record_phases(arrival_ns, event)
@@ -161,15 +170,32 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
     async def GetLoad(  # noqa: N802
         self, request: pb.GetLoadRequest, context: Context
     ) -> pb.GetLoadResponse:
-        return pb.GetLoadResponse(load=convert.load_report(self.load(), self._replica_id))
+        return pb.GetLoadResponse(load=self._load_report())
 
     async def WatchLoad(  # noqa: N802
         self, request: pb.WatchLoadRequest, context: Context
     ) -> AsyncIterator[pb.WatchLoadResponse]:
         interval_s = validation.watch_interval_s(request)
         while True:
-            yield pb.WatchLoadResponse(load=convert.load_report(self.load(), self._replica_id))
-            await asyncio.sleep(interval_s)
+            yield pb.WatchLoadResponse(load=self._load_report())
+            if self._drain.done:  # the last report said draining; the server may now stop
+                return
+            await self._drain.pause(interval_s)  # a drain starting is reported at once
+
+    async def drain(self, grace_s: float) -> None:
+        """Shutdown: refuse new generations, let running ones finish within `grace_s`, hand
+        back the rest (see Drain), then end the load streams."""
+        _log.info("draining", grace_s=grace_s, running=len(self._engine_ids()))
+        runtime = self._runtime
+        hand_back = runtime.backend.abort if isinstance(runtime, Generation) else _nothing
+        await self._drain.run(grace_s, self._engine_ids, hand_back)
+        _log.info("drained", handed_back=len(self._drain.handed_back))
+
+    def _engine_ids(self) -> list[str]:
+        return [engine_id for ids in self._running.values() for engine_id in ids]
+
+    def _load_report(self) -> pb.LoadReport:
+        return convert.load_report(self.load(), self._replica_id, draining=self._drain.draining)
 
     def load(self) -> LoadSnapshot:
         """The current load of whichever runtime this deployment has."""
@@ -198,6 +224,7 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             engine_ids.discard(engine_id)
             if not engine_ids:
                 del self._running[request_id]
+        self._drain.notify()
 
     def _finished(self, request_id: str, event: TokenEvent) -> None:
         self._metrics.finished(event)
@@ -211,6 +238,10 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
             cached_tokens=event.cached_tokens,
             ttft_ms=None if event.timings is None else round(event.timings.ttft_ms, 2),
         )
+
+
+def _nothing(engine_id: str) -> None:
+    """Embedding deployments have no generations to hand back."""
 
 
 def _service_error(request_id: str, exc: EngineError) -> InvalidArgument | Unavailable:
