@@ -26,9 +26,12 @@ TENANTS = [f"tenant-{i}" for i in range(600)]
 
 def _failover_module() -> ModuleType:
     """bench/cluster_failover.py (shared with `make bench-cluster`)."""
-    spec = importlib.util.spec_from_file_location(
-        "cluster_failover", ROOT / "bench" / "cluster_failover.py"
-    )
+    return _bench_module("cluster_failover")
+
+
+def _bench_module(name: str) -> ModuleType:
+    """bench/<name>.py: the scenarios `make bench-cluster` runs too."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -90,3 +93,20 @@ def test_failover_under_load_loses_nothing_acknowledged(
     assert result.recovery_s <= 10.0, result.notes
     # At most one bucket more than exact (the bucket's last writes may die with the master).
     assert result.limiter_admitted <= result.limiter_exact + failover.LIMIT_PER_MIN
+
+
+def test_failover_through_the_edge_loses_no_chat_and_no_token(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    scenario = _bench_module("cluster_edge_failover")
+    stack = scenario.start_stack(ROOT, cluster, tmp_path / "stack")
+    endpoints = stack.start()
+    try:
+        result = scenario.run_edge_failover(stack, endpoints, cluster)
+    finally:
+        stack.stop()
+    assert result.chats_answered > 50, result
+    assert result.recovery_s <= 10.0, result
+    # Every answered chat billed once, with exactly the tokens its client was told about.
+    assert result.billed_requests == result.chats_answered, result
+    assert result.billed_tokens == result.client_tokens, result

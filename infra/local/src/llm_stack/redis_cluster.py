@@ -45,6 +45,7 @@ def node_specs(run_dir: Path, ports: list[int], env: dict[str, str]) -> list[Pro
             "--dir", str(data), "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--repl-diskless-sync-delay", "0",  # a new replica syncs at once (WAIT 1 waits on it)
             "--daemonize", "no",
         ]  # fmt: skip
         specs.append(
