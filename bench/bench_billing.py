@@ -49,7 +49,7 @@ from prometheus_client import CollectorRegistry
 
 from llm_billing.budgets import BudgetLimits
 from llm_billing.config import LedgerSettings, RedisSettings, Settings
-from llm_billing.ledger import ReserveInput, SettleInput, Usage
+from llm_billing.ledger_values import ReserveInput, SettleInput, Usage
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import load_prices
 from llm_billing.server import Billing, build_billing

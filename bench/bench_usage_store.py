@@ -36,7 +36,8 @@ from prometheus_client import CollectorRegistry
 
 from llm_billing.config import LedgerSettings, RedisSettings, UsageStoreSettings
 from llm_billing.keys import KeySpace
-from llm_billing.ledger import Admission, Ledger, ReserveInput, SettleInput, Usage
+from llm_billing.ledger import Ledger
+from llm_billing.ledger_values import Admission, ReserveInput, SettleInput, Usage
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import PriceBook, load_prices
 from llm_billing.store import make_client

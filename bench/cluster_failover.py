@@ -21,7 +21,7 @@ from llm_auth.limiter import BucketSpec, Limiter
 from llm_auth.redis_guard import RedisGuard, StoreUnavailable, connect
 from llm_billing.budgets import BudgetLimits
 from llm_billing.config import LedgerSettings, RedisSettings, Settings
-from llm_billing.ledger import ReserveInput, SettleInput, Usage
+from llm_billing.ledger_values import ReserveInput, SettleInput, Usage
 from llm_billing.prices import load_prices
 from llm_billing.server import build_billing
 from llm_billing.timeutil import Period

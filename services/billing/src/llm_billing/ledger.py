@@ -10,13 +10,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 import redis.asyncio
 
 from llm_billing.config import LedgerSettings
 from llm_billing.keys import KeySpace
+from llm_billing.ledger_values import (
+    Admission,
+    BatchOp,
+    BatchOutcome,
+    ReleaseInput,
+    Reservation,
+    ReserveInput,
+    SettleInput,
+    Settlement,
+)
 from llm_billing.prices import Price, PriceBook
 from llm_billing.scripts import Scripts
 from llm_billing.store import STORE_UNAVAILABLE, now_ms
@@ -40,88 +49,6 @@ SWEEP_BATCH = 500
 TENANT_REGISTER_INTERVAL_S = 60.0
 MAX_REGISTERED_TENANTS = 100_000
 MAX_CLOCK_SKEW_MS = 5 * 60_000  # how far in the future an `admitted_at` may lie
-
-
-@dataclass(frozen=True, slots=True)
-class ReserveInput:
-    """A request to admit."""
-
-    request_id: str
-    tenant_id: str
-    key_id: str
-    model: str
-    prompt_tokens: int
-    max_completion_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class Reservation:
-    """What Reserve held (or had held, when `duplicate`)."""
-
-    request_id: str
-    reserved_micros: int
-    currency: str
-    soft_limit_exceeded: bool
-    expires_at_ms: int
-    duplicate: bool
-    budgeted: bool = True  # a budget (tenant's or key's) applied; unknown on a duplicate
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """Actual usage of a finished request."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    cached_tokens: int
-    finish_reason: int
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """Who and what to bill when a Settle finds no reservation (admitted while billing was
-    unreachable); `admitted_at_ms` None means now."""
-
-    key_id: str
-    model: str
-    admitted_at_ms: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class SettleInput:
-    """A Settle: `tenant_id` may be empty (looked up); `admission` is needed only when there
-    is no reservation."""
-
-    request_id: str
-    tenant_id: str
-    usage: Usage
-    admission: Admission | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Settlement:
-    """The outcome of a Settle."""
-
-    request_id: str
-    charged_micros: int
-    currency: str
-    duplicate: bool
-    corrected: bool
-    unreserved: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseInput:
-    """A Release: `tenant_id` may be empty (looked up)."""
-
-    request_id: str
-    tenant_id: str = ""
-
-
-BatchOp = SettleInput | ReleaseInput
-# Per op: a Settlement (settle), whether something was released (release), or the error
-# the unary call would have raised (an Exception that is not a ServiceError is a bug).
-BatchOutcome = Settlement | bool | Exception
 
 
 class TenantRegister:

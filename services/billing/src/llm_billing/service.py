@@ -15,7 +15,8 @@ from llm_billing.budgets import Budgets, BudgetStatus
 from llm_billing.config import Limits
 from llm_billing.invoice import InvoiceExporter
 from llm_billing.invoicing import Invoice
-from llm_billing.ledger import BatchOutcome, Ledger, Reservation, ReserveInput, Settlement
+from llm_billing.ledger import Ledger
+from llm_billing.ledger_values import BatchOutcome, Reservation, ReserveInput, Settlement
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import Price
 from llm_billing.store import now_ms, store_errors

@@ -8,7 +8,14 @@ from google.protobuf import timestamp_pb2
 
 from llm_billing.budgets import MAX_LIMIT_MICROS, BudgetLimits
 from llm_billing.config import Limits
-from llm_billing.ledger import Admission, BatchOp, ReleaseInput, ReserveInput, SettleInput, Usage
+from llm_billing.ledger_values import (
+    Admission,
+    BatchOp,
+    ReleaseInput,
+    ReserveInput,
+    SettleInput,
+    Usage,
+)
 from llm_billing.prices import MODEL_PATTERN
 from llm_billing.timeutil import DAY_MS, Period
 from llm_billing.usage import Granularity, UsageQuery

@@ -20,7 +20,8 @@ from llm_billing import invoice
 from llm_billing.budgets import BudgetLimits
 from llm_billing.config import RedisSettings, Settings
 from llm_billing.keys import KeySpace
-from llm_billing.ledger import Admission, Ledger, ReserveInput, SettleInput, Usage
+from llm_billing.ledger import Ledger
+from llm_billing.ledger_values import Admission, ReserveInput, SettleInput, Usage
 from llm_billing.prices import MAX_PRICE_MICROS_PER_MTOK, PriceBook, load_prices
 from llm_billing.scripts import script_source
 from llm_billing.server import Billing, build_billing

@@ -19,7 +19,7 @@ from google.protobuf import timestamp_pb2
 
 from llm_billing.budgets import BudgetLimits
 from llm_billing.config import RedisSettings, Settings
-from llm_billing.ledger import ReserveInput, SettleInput, Usage
+from llm_billing.ledger_values import ReserveInput, SettleInput, Usage
 from llm_billing.prices import PriceBook
 from llm_billing.server import Billing, build_billing
 from llm_billing.timeutil import Period

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from llm_billing.cli import run
 from llm_billing.config import Settings, UsageStoreSettings
 from llm_billing.invoicing import create_invoice
-from llm_billing.ledger import Admission, ReserveInput, SettleInput, Usage
+from llm_billing.ledger_values import Admission, ReserveInput, SettleInput, Usage
 from llm_billing.metrics import BillingMetrics
 from llm_billing.prices import PriceBook
 from llm_billing.server import Billing, build_billing, build_spec
