@@ -205,7 +205,9 @@ class LocalCluster:
         persistence restarting that way claims its old slots, empty, until gossip corrects
         it, and a client routed there meanwhile reads nothing."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        while self._orphan_master_id() is None:  # until a replica has been promoted
+        # Found before the fresh node joins: in its own first, partial view of the cluster a
+        # master whose replica it has not heard of yet would look orphaned too.
+        while (orphan := self._orphan_master_id()) is None:  # until a replica is promoted
             if time.monotonic() > deadline:
                 raise RuntimeError("no replica was promoted in place of the dead master")
             time.sleep(0.1)  # gossip: no event to await
@@ -217,9 +219,8 @@ class LocalCluster:
         fresh.execute_command("CLUSTER", "MEET", "127.0.0.1", str(live[0]))  # type: ignore[no-untyped-call]
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
-            orphan = self._orphan_master_id()
             known = str(fresh.execute_command("CLUSTER", "NODES"))  # type: ignore[no-untyped-call]
-            if orphan and orphan in known:
+            if orphan in known:
                 with contextlib.suppress(redis.exceptions.ResponseError):
                     fresh.execute_command("CLUSTER", "REPLICATE", orphan)  # type: ignore[no-untyped-call]
                     return
