@@ -46,9 +46,23 @@ def test_local_flavour_validates(envoy_workdir: Path, otlp: Endpoint | None, por
     check(bootstrap.to_yaml(joined, "joined"), envoy_workdir, f"joined-{ports}.yaml")
 
 
-@pytest.mark.parametrize("name", sorted(render.k8s_files()))
+BOOTSTRAPS = sorted(n for n in render.k8s_files() if "/" not in n)
+
+
+@pytest.mark.parametrize("name", BOOTSTRAPS)
 def test_kubernetes_flavour_validates(envoy_workdir: Path, name: str) -> None:
-    check(render.k8s_files()[name], envoy_workdir, name)
+    """Each bootstrap; for the Envoys on xDS files, also the config they add up to."""
+    files = render.k8s_files()
+    check(files[name], envoy_workdir, name)
+    if name in render.XDS_ENVOYS:
+        folder = render.xds_configmap_dir(render.XDS_ENVOYS[name]) + "/"
+        xds_files = {
+            n.removeprefix(folder): yaml.safe_load(t)
+            for n, t in files.items()
+            if n.startswith(folder)
+        }
+        joined = xds.join(xds.XdsConfig(yaml.safe_load(files[name]), xds_files))
+        check(bootstrap.to_yaml(joined, "joined"), envoy_workdir, f"joined-{name}")
 
 
 @pytest.mark.parametrize("name", sorted(render.k8s_files()))
@@ -76,5 +90,5 @@ def test_a_broken_config_is_rejected(envoy_workdir: Path) -> None:
 
 
 def test_one_sidecar_per_service() -> None:
-    names = set(render.k8s_files())
+    names = set(BOOTSTRAPS)
     assert names == {render.K8S_EDGE, *(render.sidecar_file(s) for s in SERVICES)}

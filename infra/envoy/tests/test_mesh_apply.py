@@ -102,8 +102,10 @@ def test_a_changed_policy_goes_live_without_restart(
     assert stream["backoff"] == {"base_interval": "0.100s", "max_interval": "1s"}
     assert after["routes"]["edge_http"]["CountTokens"]["num_retries"] == 2
     state = live.xds_state(running_envoy.admin, ["edge_http", "edge_https", "mesh"])
-    assert state.all_at(done.version)
+    assert state.all_at(done.version, ["cds", "lds", "rds:edge_http", "rds:edge_https"])
     assert done.version != done.previous
+    # The mesh's route table did not change: Envoy keeps running it under its old version.
+    assert state.versions["rds:mesh"] == done.previous
     assert state.rejected == 0
     assert done.apply_s < 10
 

@@ -23,7 +23,7 @@ from llm_envoy.validate import validate
 
 CHECK_FILE = ".mesh-apply-check.yaml"
 CONFIRM_TIMEOUT_S = 15.0
-POLL_S = 0.05
+POLL_S = 0.1
 
 
 class ApplyError(RuntimeError):
@@ -85,16 +85,12 @@ def apply(workdir: Path, policy_file: Path) -> Applied:
     tables = _tables(split)
     before = live.xds_state(spec.admin, tables)
     previous = {n: (workdir / xds.XDS_DIR / n).read_text(encoding="utf-8") for n in split.files}
+    expect = _changed(split, previous)
+    header = render.GENERATED.format(command="local")
     started = time.monotonic()
-    _swap(
-        workdir,
-        {
-            n: bootstrap.to_yaml(r, render.GENERATED.format(command="local"))
-            for n, r in split.files.items()
-        },
-    )
+    _swap(workdir, {n: bootstrap.to_yaml(r, header) for n, r in split.files.items()})
     try:
-        _confirm(lambda: live.xds_state(spec.admin, tables), split.version, before.rejected)
+        _confirm(lambda: live.xds_state(spec.admin, tables), split.version, expect, before.rejected)
     except ApplyError:
         _swap(workdir, previous)
         raise
@@ -107,18 +103,42 @@ def apply(workdir: Path, policy_file: Path) -> Applied:
     )
 
 
+def _changed(split: xds.XdsConfig, previous: dict[str, str]) -> list[str]:
+    """The subscriptions whose resources change ("cds", "lds", "rds:<table>"). Envoy keeps
+    the old version on a resource set it already runs, so only these report the new one."""
+    keys = []
+    for name, response in split.files.items():
+        old = yaml.safe_load(previous[name]) if previous.get(name) else {}
+        if old.get("resources") == response["resources"]:
+            continue
+        if name == xds.CDS_FILE:
+            keys.append("cds")
+        elif name == xds.LDS_FILE:
+            keys.append("lds")
+        else:
+            keys.append(f"rds:{response['resources'][0]['name']}")
+    return keys
+
+
 def _swap(workdir: Path, texts: dict[str, str]) -> None:
     for name in _order(list(texts)):
         render.write_atomically(workdir / xds.XDS_DIR / name, texts[name])
 
 
-def _confirm(read: Callable[[], live.XdsState], version: str, rejected_before: int) -> None:
+def _confirm(
+    read: Callable[[], live.XdsState], version: str, expect: list[str], rejected_before: int
+) -> None:
     deadline = time.monotonic() + CONFIRM_TIMEOUT_S
+    state = read()
     while time.monotonic() < deadline:
         state = read()
         if state.rejected > rejected_before:
             raise ApplyError("Envoy rejected the update (see its log); previous files restored")
-        if state.all_at(version):
+        if state.all_at(version, expect):
             return
         time.sleep(POLL_S)
-    raise ApplyError(f"Envoy did not report version {version} within {CONFIRM_TIMEOUT_S:g} s")
+    behind = {k: state.versions.get(k) for k in expect if state.versions.get(k) != version}
+    raise ApplyError(
+        f"Envoy did not report version {version} within {CONFIRM_TIMEOUT_S:g} s "
+        f"(still at: {behind}); previous files restored"
+    )

@@ -71,18 +71,23 @@ class XdsState:
     versions: dict[str, str]  # "cds", "lds", "rds:<table>" -> version text
     rejected: int
 
-    def all_at(self, version: str) -> bool:
-        return bool(self.versions) and all(v == version for v in self.versions.values())
+    def all_at(self, version: str, keys: list[str] | None = None) -> bool:
+        """Whether every subscription in `keys` (default: all) runs `version`."""
+        chosen = list(self.versions) if keys is None else keys
+        return bool(self.versions) and all(self.versions.get(k) == version for k in chosen)
 
 
 def xds_state(admin: str, route_tables: list[str]) -> XdsState:
-    found = stats(admin, r"(cluster_manager\.cds|listener_manager\.lds|\.rds\.)")
+    """Versions from `/config_dump` (what Envoy runs), refusals from the xDS counters."""
+    dump = config_dump(admin)
     versions = {
-        "cds": found.get("cluster_manager.cds.version_text", ""),
-        "lds": found.get("listener_manager.lds.version_text", ""),
+        "cds": _section(dump, "ClustersConfigDump").get("version_info", ""),
+        "lds": _section(dump, "ListenersConfigDump").get("version_info", ""),
     }
+    dynamic = _section(dump, "RoutesConfigDump").get("dynamic_route_configs", [])
+    by_name = {e["route_config"]["name"]: e.get("version_info", "") for e in dynamic}
     for table in route_tables:
-        matches = [v for k, v in found.items() if k.endswith(f".rds.{table}.version_text")]
-        versions[f"rds:{table}"] = matches[0] if matches else ""
-    rejected = sum(int(v) for k, v in found.items() if k.endswith("update_rejected"))
+        versions[f"rds:{table}"] = by_name.get(table, "")
+    found = stats(admin, r"update_rejected$")
+    rejected = sum(int(v) for v in found.values() if v.isdigit())
     return XdsState(versions, rejected)

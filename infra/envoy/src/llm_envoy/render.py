@@ -60,10 +60,33 @@ def k8s_files(
     """The Kubernetes flavour as file name -> YAML text (the edge and one sidecar per service)."""
     header = GENERATED.format(command="k8s")
     edge = layouts.k8s_edge_layout(namespace, policy=policy)
-    files = {K8S_EDGE: bootstrap.to_yaml(bootstrap.k8s_edge_config(edge), header)}
+    files = _with_xds(K8S_EDGE, bootstrap.k8s_edge_config(edge), header)
     for service in SERVICES:
         config = bootstrap.k8s_sidecar_config(service, namespace, policy)
-        files[sidecar_file(service)] = bootstrap.to_yaml(config, header)
+        files |= _with_xds(sidecar_file(service), config, header)
+    return files
+
+
+def xds_configmap_dir(envoy: str) -> str:
+    """Where an Envoy's xDS files live in infra/k8s/base/envoy (one ConfigMap each)."""
+    return f"xds-{envoy}"
+
+
+# The Envoys whose clusters and routes carry the mesh policy: the gateway and the router's
+# sidecar (the only outbound one). They read them from a ConfigMap mounted at xds/, which a
+# `kubectl apply` updates in place (no restart); the other sidecars' few policy values (the
+# local app's breakers) change by a rollout.
+XDS_ENVOYS = {K8S_EDGE: "edge", "sidecar-router.yaml": "router"}
+
+
+def _with_xds(name: str, config: bootstrap.Config, header: str) -> dict[str, str]:
+    if name not in XDS_ENVOYS:
+        return {name: bootstrap.to_yaml(config, header)}
+    split = xds.split(config)
+    folder = xds_configmap_dir(XDS_ENVOYS[name])
+    files = {name: bootstrap.to_yaml(split.bootstrap, header)}
+    for file_name, response in split.files.items():
+        files[f"{folder}/{file_name}"] = bootstrap.to_yaml(response, header)
     return files
 
 
@@ -78,6 +101,7 @@ def render_k8s(
     written = []
     for name, text in k8s_files(namespace, policy).items():
         path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
         written.append(path)
     written.append(build_descriptor(protos_root, out / K8S_DESCRIPTOR))
