@@ -3,6 +3,7 @@ are exactly what the renderer produces."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,14 @@ def test_a_broken_config_is_rejected(envoy_workdir: Path) -> None:
 def test_one_sidecar_per_service() -> None:
     names = set(BOOTSTRAPS)
     assert names == {render.K8S_EDGE, *(render.sidecar_file(s) for s in SERVICES)}
+
+
+def test_split_and_join_are_inverse_and_join_leaves_the_split_alone() -> None:
+    static = bootstrap.local_config(layouts.local_layout(layouts.LocalPorts()))
+    split = xds.split(static)
+    files = copy.deepcopy(split.files)
+    assert xds.join(split) == static
+    assert split.files == files  # validating the joined form must not inline the routes
+    listeners = split.files[xds.LDS_FILE]["resources"]
+    hcms = [lis["filter_chains"][0]["filters"][0]["typed_config"] for lis in listeners]
+    assert all("rds" in h and "route_config" not in h for h in hcms)

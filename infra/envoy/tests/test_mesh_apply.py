@@ -102,10 +102,17 @@ def test_a_changed_policy_goes_live_without_restart(
     assert stream["backoff"] == {"base_interval": "0.100s", "max_interval": "1s"}
     assert after["routes"]["edge_http"]["CountTokens"]["num_retries"] == 2
     state = live.xds_state(running_envoy.admin, ["edge_http", "edge_https", "mesh"])
-    assert state.all_at(done.version, ["cds", "lds", "rds:edge_http", "rds:edge_https"])
+    assert state.all_at(done.version, ["cds", "rds:edge_http", "rds:edge_https"])
     assert done.version != done.previous
-    # The mesh's route table did not change: Envoy keeps running it under its old version.
+    # Listeners and the mesh's route table did not change: Envoy keeps them as they were
+    # (no listener drain), under their old version.
+    assert state.versions["lds"] == done.previous
     assert state.versions["rds:mesh"] == done.previous
+    # Every route table still comes from its RDS file (none inlined into a listener).
+    dump = live.config_dump(running_envoy.admin)
+    routes = next(c for c in dump["configs"] if c["@type"].endswith(".RoutesConfigDump"))
+    assert "static_route_configs" not in routes
+    assert len(routes["dynamic_route_configs"]) == 3
     assert state.rejected == 0
     assert done.apply_s < 10
 

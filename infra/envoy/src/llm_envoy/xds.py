@@ -107,8 +107,9 @@ def _strip_type(resource: Config) -> Config:
 
 
 def join(xds: XdsConfig) -> Config:
-    """The static config `split` came from (what `envoy --mode validate` checks)."""
-    listeners = [_strip_type(r) for r in xds.files[LDS_FILE]["resources"]]
+    """The static config `split` came from (what `envoy --mode validate` checks); `xds` is
+    left as it was."""
+    listeners = [_strip_type(r) for r in copy.deepcopy(xds.files[LDS_FILE]["resources"])]
     for listener in listeners:
         hcm = _hcm(listener)
         if hcm is not None and "rds" in hcm:
