@@ -227,7 +227,6 @@ def test_catalogues_list_the_statefulset_pods_on_their_mesh_port(tmp_path: Path)
     for path, count in (
         (BASE / "config" / "models.yaml", 2),
         (K8S / "overlays/dev/models.yaml", 1),
-        (K8S / "overlays/prod/models.yaml", 8),
     ):
         catalog = load_catalog(path, tmp_path)
         spec = catalog.resolve("demo-llama")
@@ -238,6 +237,20 @@ def test_catalogues_list_the_statefulset_pods_on_their_mesh_port(tmp_path: Path)
             f"inference-{i}.inference.llm.svc.cluster.local:{MESH_INBOUND_PORT}"
             for i in range(count)
         ]
+
+
+def test_prod_finds_inference_pods_by_dns_not_by_a_pod_list(tmp_path: Path) -> None:
+    spec = load_catalog(K8S / "overlays/prod/models.yaml", tmp_path).resolve("demo-llama")
+    assert spec is not None
+    (deployment,) = spec.deployments
+    assert deployment.replicas == ()
+    found = deployment.discovery
+    assert (found.kind, found.port) == ("dns", MESH_INBOUND_PORT)
+    # The headless Service of the inference StatefulSet, which publishes ready pods only.
+    service = next(m for m in documents(BASE / "inference.yaml") if m["kind"] == "Service")
+    assert found.service == f"{service['metadata']['name']}.llm.svc.cluster.local"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is False
 
 
 @pytest.mark.parametrize("name", ["prices.yaml", "policies.yaml"])

@@ -13,6 +13,32 @@ from llm_common.config import ConfigError
 from llm_common.tools.parsers import DEFAULT_PARSER, PARSERS
 
 KINDS = ("generation", "embedding")
+DISCOVERY_KINDS = ("static", "dns", "kubernetes")
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """How a deployment's replicas are found.
+
+    `static`: the listed `replicas`. `dns`: every A/AAAA address of `service` (a headless
+    Service name), re-resolved every `interval_s`, each at `port`; `nameserver` ("host:port")
+    asks that server instead of the system resolver. `kubernetes`: the ready endpoints of the
+    EndpointSlices of Service `service` in `namespace`, watched, each at `port`.
+    `weights_digest`, when set, is the digest every replica must report (else the first
+    admitted replica's defines it).
+    """
+
+    kind: str = "static"
+    service: str = ""
+    port: int = 0
+    namespace: str = "default"
+    interval_s: float = 5.0
+    nameserver: str = ""
+    weights_digest: str = ""
+
+    @property
+    def dynamic(self) -> bool:
+        return self.kind != "static"
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +49,8 @@ class Deployment:
     backend: str = "torch"
     region: str = "local"
     weight: int = 100
-    replicas: tuple[str, ...] = ()
+    replicas: tuple[str, ...] = ()  # static discovery; the addresses found first otherwise
+    discovery: Discovery = field(default_factory=Discovery)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +146,35 @@ def _parse_model(entry: Any, model_root: Path) -> ModelSpec:
 def _parse_deployment(entry: Any, model: str) -> Deployment:
     if not isinstance(entry, dict) or not entry.get("name"):
         raise ConfigError(f"MODELS_CONFIG: model {model}: each deployment needs a `name`")
+    name = str(entry["name"])
     return Deployment(
-        name=str(entry["name"]),
+        name=name,
         backend=str(entry.get("backend", "torch")),
         region=str(entry.get("region", "local")),
         weight=int(entry.get("weight", 100)),
         replicas=tuple(str(r) for r in entry.get("replicas") or ()),
+        discovery=_parse_discovery(entry, f"model {model}: deployment {name}"),
     )
+
+
+def _parse_discovery(entry: Mapping[str, Any], where: str) -> Discovery:
+    kind = str(entry.get("discovery", "static"))
+    if kind not in DISCOVERY_KINDS:
+        raise ConfigError(f"MODELS_CONFIG: {where}: discovery must be one of {DISCOVERY_KINDS}")
+    found = Discovery(
+        kind=kind,
+        service=str(entry.get("service", "")),
+        port=int(entry.get("port", 0)),
+        namespace=str(entry.get("namespace", "default")),
+        interval_s=float(entry.get("interval_s", 5.0)),
+        nameserver=str(entry.get("nameserver", "")),
+        weights_digest=str(entry.get("weights_digest", "")),
+    )
+    if found.dynamic and (not found.service or not 0 < found.port < 65536):
+        raise ConfigError(f"MODELS_CONFIG: {where}: {kind} discovery needs `service` and `port`")
+    if found.interval_s <= 0:
+        raise ConfigError(f"MODELS_CONFIG: {where}: interval_s must be positive")
+    return found
 
 
 def _tool_parser(entry: Mapping[str, Any], model: str) -> str:

@@ -29,6 +29,7 @@ from llm_inference.grammar_metrics import GrammarCollector
 from llm_inference.metrics import InferenceMetrics
 from llm_inference.service import Generation, InferenceServicer
 from llm_inference.token_bytes import TokenBytes, token_bytes_table
+from llm_inference.weights_digest import weights_digest
 from llmapi.inference.v1 import inference_service_pb2 as pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as pb_grpc
 
@@ -69,7 +70,8 @@ async def _load_generation(
     )
     facts = model_facts(deployment, backend.info().max_context)
     generation = Generation(backend, facts, _token_bytes(deployment.checkpoint))
-    servicer = _servicer(settings, deployment, generation, metrics)
+    digest = await asyncio.to_thread(weights_digest, deployment.checkpoint)
+    servicer = _servicer(settings, deployment, generation, metrics, digest)
 
     async def on_start() -> None:
         await backend.start()
@@ -116,6 +118,7 @@ def _servicer(
     deployment: ModelDeployment,
     runtime: Generation | EmbeddingRuntime,
     metrics: InferenceMetrics,
+    digest: str = "",
 ) -> InferenceServicer:
     return InferenceServicer(
         deployment.name,
@@ -123,6 +126,7 @@ def _servicer(
         limits=settings.limits,
         metrics=metrics,
         replica_id=settings.replica_id,
+        weights_digest=digest,
     )
 
 

@@ -65,12 +65,14 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         limits: Limits,
         metrics: InferenceMetrics,
         replica_id: str,
+        weights_digest: str = "",
     ) -> None:
         self._model = model
         self._runtime = runtime
         self._limits = limits
         self._metrics = metrics
         self._replica_id = replica_id
+        self._weights_digest = weights_digest
         self._sequence = itertools.count()
         self._running: dict[str, set[str]] = {}  # caller's request_id -> engine ids
         self._drain = Drain()
@@ -163,9 +165,11 @@ class InferenceServicer(pb_grpc.InferenceServiceServicer):
         else:
             info = runtime.backend.info()
             kind, max_context = common_pb2.MODEL_KIND_GENERATION, runtime.facts.max_context
-        return convert.info_response(
+        response = convert.info_response(
             info, kind=kind, replica_id=self._replica_id, max_context=max_context
         )
+        response.weights_digest = self._weights_digest
+        return response
 
     async def GetLoad(  # noqa: N802
         self, request: pb.GetLoadRequest, context: Context

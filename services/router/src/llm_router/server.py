@@ -36,6 +36,8 @@ from llm_router.config import Settings
 from llm_router.embedder import Embedder
 from llm_router.observability import RouterMetrics
 from llm_router.pipeline import Pipeline
+from llm_router.routing.discovery.fleet import Fleet
+from llm_router.routing.discovery.watcher import DiscoveryWatcher, build_discovery
 from llm_router.routing.dispatch import Dispatcher
 from llm_router.routing.load import LoadBoard
 from llm_router.routing.load_watch import LoadWatcher
@@ -76,6 +78,7 @@ class Runtime:
     board: LoadBoard
     selector: ReplicaSelector
     watcher: LoadWatcher
+    discovery: DiscoveryWatcher
     attesting: AttestationWatcher
     tokenizer: PromptTokenizer
     spool: BillingSpool
@@ -93,6 +96,7 @@ class Runtime:
 
     async def start(self) -> None:
         self.watcher.start()
+        self.discovery.start()
         if self.near is not None:
             self.near.start()
         self.attesting.start()
@@ -108,6 +112,7 @@ class Runtime:
     async def stop(self) -> None:
         if self.http is not None:  # no new HTTP requests while the rest drains
             await self.http.close()
+        await self.discovery.stop()
         await self.watcher.stop()
         if self.near is not None:
             await self.near.stop()
@@ -286,10 +291,12 @@ async def build_runtime(
     selector = ReplicaSelector(board, affinity, routing, rng)
     replica_channels = ReplicaChannels(mesh_addr=routing.mesh_addr, mesh_header=routing.mesh_header)
     inference = InferenceClient(replica_channels)
-    dispatcher = Dispatcher(selector, board, inference, routing, metrics, rng=rng)
+    fleet = Fleet()
+    dispatcher = Dispatcher(selector, board, inference, routing, metrics, rng=rng, fleet=fleet)
     watcher = LoadWatcher(
         inference, board, selector, router.replicas(), interval_ms=routing.load_interval_ms, rng=rng
     )
+    discovery = build_discovery(catalog, inference, fleet, watcher)
 
     pipeline = Pipeline(
         router=router,
@@ -331,6 +338,7 @@ async def build_runtime(
         board=board,
         selector=selector,
         watcher=watcher,
+        discovery=discovery,
         attesting=AttestationWatcher(attestation, tokenizer_service.fingerprint),
         tokenizer=tokenizer,
         spool=spool,

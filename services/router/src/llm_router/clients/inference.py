@@ -1,17 +1,20 @@
 """llmapi.inference.v1: the replicas, directly or through the mesh (Generate, Stop, Embed,
-WatchLoad)."""
+WatchLoad, and the health + Info probe of a newly discovered replica)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_common.channels import make_channel
 from llm_router.routing.load import LoadSnapshot
 from llm_router.routing.replica_stream import GenerateCall, replica_error
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
 from llmapi.inference.v1 import inference_service_pb2_grpc as inf_grpc
+
+INFERENCE_SERVICE = inf_pb.DESCRIPTOR.services_by_name["InferenceService"].full_name
 
 
 class ReplicaChannels:
@@ -31,15 +34,20 @@ class ReplicaChannels:
         self, replica: str
     ) -> tuple[inf_grpc.InferenceServiceAsyncStub, tuple[tuple[str, str], ...]]:
         """The stub to call and the metadata that routes the call to `replica`."""
-        if self._mesh_addr is not None:
-            return self._stub_for(self._mesh_addr), ((self._mesh_header, replica),)
-        return self._stub_for(replica), ()
+        channel, metadata = self.channel(replica)
+        return inf_grpc.InferenceServiceStub(channel), metadata
 
-    def _stub_for(self, target: str) -> inf_grpc.InferenceServiceAsyncStub:
+    def channel(self, replica: str) -> tuple[grpc.aio.Channel, tuple[tuple[str, str], ...]]:
+        """The channel to call on and the metadata that routes the call to `replica`."""
+        if self._mesh_addr is not None:
+            return self._channel_for(self._mesh_addr), ((self._mesh_header, replica),)
+        return self._channel_for(replica), ()
+
+    def _channel_for(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
         if channel is None:
             channel = self._channels[target] = make_channel(target, retry_unavailable=False)
-        return inf_grpc.InferenceServiceStub(channel)
+        return channel
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
@@ -82,6 +90,26 @@ class InferenceClient:
         except grpc.aio.AioRpcError as err:
             raise replica_error(replica, err) from None
         return response
+
+    async def probe(self, replica: str, timeout_s: float) -> inf_pb.InfoResponse | None:
+        """Info from `replica` when its health is SERVING; None when it is not (yet)."""
+        channel, metadata = self._channels.channel(replica)
+        health = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await health.Check(
+                health_pb2.HealthCheckRequest(service=INFERENCE_SERVICE),
+                metadata=metadata,
+                timeout=timeout_s,
+            )
+            if reply.status != health_pb2.HealthCheckResponse.SERVING:
+                return None
+            stub = inf_grpc.InferenceServiceStub(channel)
+            info: inf_pb.InfoResponse = await stub.Info(
+                inf_pb.InfoRequest(), metadata=metadata, timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError:
+            return None
+        return info
 
     async def watch_load(self, replica: str, interval_ms: int) -> AsyncIterator[LoadSnapshot]:
         """Load reports from `replica` until the stream breaks (AioRpcError)."""

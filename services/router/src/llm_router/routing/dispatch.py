@@ -21,6 +21,7 @@ from llm_common.resilience import Backoff
 from llm_router.clients.inference import InferenceClient
 from llm_router.errors import ReplicaFailed
 from llm_router.observability import RouterMetrics
+from llm_router.routing.discovery.fleet import Fleet
 from llm_router.routing.load import LoadBoard, Ticket
 from llm_router.routing.replica_stream import GenerateCall
 from llm_router.routing.selection import Choice, Job, ReplicaSelector
@@ -78,8 +79,10 @@ class Dispatcher:
         *,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         rng: random.Random | None = None,
+        fleet: Fleet | None = None,
     ) -> None:
         self._selector = selector
+        self._fleet = fleet or Fleet()  # which replicas each deployment has now
         self._board = board
         self._inference = inference
         self._metrics = metrics
@@ -112,7 +115,8 @@ class Dispatcher:
     def has_usable_replica(self, deployments: Sequence[Deployment]) -> bool:
         """Whether any replica of `deployments` is not excluded right now."""
         return any(
-            self._selector.choose(_probe_job(d), d.replicas) is not None for d in deployments
+            self._selector.choose(_probe_job(d), self._fleet.replicas(d)) is not None
+            for d in deployments
         )
 
     async def generate(
@@ -242,7 +246,7 @@ class Dispatcher:
     ) -> Placed | None:
         for deployment in deployments:
             job = jobs[deployment.name]
-            choice = self._selector.choose(job, deployment.replicas, exclude=tried)
+            choice = self._selector.choose(job, self._fleet.replicas(deployment), exclude=tried)
             if choice is not None:
                 ticket = self._board.begin(choice.replica, choice.work)
                 return Placed(deployment, choice, ticket, number)
@@ -260,7 +264,7 @@ class Dispatcher:
         )
 
     def _unavailable(self, model: str, deployments: Sequence[Deployment]) -> Unavailable:
-        replicas = [r for d in deployments for r in d.replicas]
+        replicas = [r for d in deployments for r in self._fleet.replicas(d)]
         wait = self._board.retry_after(replicas) or BUSY_RETRY_S
         return Unavailable(f"no replica of model {model!r} can serve now", retry_after_s=wait)
 

@@ -1,5 +1,6 @@
 """WatchLoad subscriptions: one stream per inference replica feeding the LoadBoard,
-reconnected with jittered backoff when it breaks."""
+reconnected with jittered backoff when it breaks; replicas discovered later are added and
+removed while it runs."""
 
 from __future__ import annotations
 
@@ -39,17 +40,29 @@ class LoadWatcher:
         self._interval_ms = interval_ms
         self._backoff = backoff or Backoff(base=0.2, cap=5.0, jitter=0.2)
         self._rng = rng or random.Random()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._watch(r)) for r in self._replicas]
+        for replica in self._replicas:
+            self.watch(replica)
+
+    def watch(self, replica: str) -> None:
+        """Open (and keep open) `replica`'s load stream, unless it is already watched."""
+        if replica not in self._tasks:
+            self._tasks[replica] = asyncio.get_running_loop().create_task(self._watch(replica))
+
+    def unwatch(self, replica: str) -> None:
+        """Close `replica`'s load stream (it left its deployment)."""
+        task = self._tasks.pop(replica, None)
+        if task is not None:
+            task.cancel()
+            self._board.lost(replica)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks, self._tasks = list(self._tasks.values()), {}
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _watch(self, replica: str) -> None:
         failures, was_connected = 0, False

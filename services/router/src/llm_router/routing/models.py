@@ -117,7 +117,7 @@ def _check_deployments(model: str, deployments: Iterable[Deployment]) -> None:
     for d in deployments:
         if d.weight < 0:
             raise ConfigError(f"MODELS_CONFIG: model {model}: deployment {d.name} weight < 0")
-        if not d.replicas:
+        if not d.replicas and not d.discovery.dynamic:
             raise ConfigError(f"MODELS_CONFIG: model {model}: deployment {d.name} has no replicas")
         if d.name in names:
             raise ConfigError(f"MODELS_CONFIG: model {model}: deployment {d.name} listed twice")
