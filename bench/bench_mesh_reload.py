@@ -149,6 +149,19 @@ async def _apply_when(
     }
 
 
+async def _watch_health(admin: str, lowest: dict[str, int], stop: asyncio.Event) -> None:
+    """The fewest healthy hosts each cluster had while the traffic ran (0: requests to it
+    fail with `no healthy upstream`)."""
+    while not stop.is_set():
+        found = await asyncio.to_thread(
+            live.stats, admin, r"^cluster\.[a-z_]+\.membership_healthy$"
+        )
+        for name, value in found.items():
+            cluster = name.split(".")[1]
+            lowest[cluster] = min(lowest.get(cluster, int(value)), int(value))
+        await asyncio.sleep(0.2)
+
+
 def _edge_counters(admin: str) -> dict[str, int]:
     found = live.stats(admin, r"^(http\.edge_http\.downstream_cx_total|server\.uptime)$")
     return {k: int(v) for k, v in found.items()}
@@ -172,6 +185,9 @@ async def measure(
     traffic = Traffic(channel, key)
     started = time.monotonic()
     drive = asyncio.create_task(_drive(traffic, args.requests, args.concurrency))
+    lowest: dict[str, int] = {}
+    stop = asyncio.Event()
+    watch = asyncio.create_task(_watch_health(admin, lowest, stop))
     first = await _apply_when(
         traffic, args.apply_after, workdir, policies[0], admin, BREAKER_CHANGE
     )
@@ -180,6 +196,8 @@ async def measure(
     )
     await drive
     elapsed = time.monotonic() - started
+    stop.set()
+    await watch
     await channel.close()
     after = _edge_counters(admin)
     envoy_now = next(p.pid for p in stack.processes() if p.spec.name == "envoy")
@@ -196,6 +214,7 @@ async def measure(
         "client_reconnects": after["http.edge_http.downstream_cx_total"]
         - before["http.edge_http.downstream_cx_total"]
         - 1,  # the benchmark's one channel
+        "fewest_healthy_hosts": lowest,
         "envoy_restarted": envoy_now != envoy_pid
         or after["server.uptime"] < before["server.uptime"],
         "goal": f">= {GOAL_REQUESTS} streams, 0 failed, no restart",

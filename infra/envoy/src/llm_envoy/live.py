@@ -30,6 +30,11 @@ def stats(admin: str, pattern: str = "") -> dict[str, str]:
     return found
 
 
+def stats_text(admin: str) -> str:
+    """Envoy's stats in Prometheus' text format, as Prometheus scrapes them."""
+    return _get(admin, "/stats/prometheus").decode()
+
+
 def config_dump(admin: str) -> Config:
     dump: Config = json.loads(_get(admin, "/config_dump"))
     return dump
