@@ -18,7 +18,7 @@ TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
         test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
-        bench-stack bench-load bench-structured test-cluster bench-cluster
+        bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -85,8 +85,13 @@ test: model ## every test (the README's command)
 	$(PYTEST) -q -m "not gpu"
 
 # The chaos scenarios stay out of `ci` until the replica-kill one has a longer clean record.
-test-chaos: model ## fault scenarios on a whole local stack: replica kill, billing down, Redis restart
+test-chaos: model ## fault scenarios: replica kill, billing down, Redis restart; fleet scale/migration/drain
 	$(PYTEST) -q -m chaos
+
+# The fleet scenarios of test-chaos with longer phases of steady load: join time, migration
+# stall, throughput during a rolling restart.
+bench-fleet: model ## replicas 2→4→1, SIGKILL mid-stream, rolling restart → bench/results/fleet.json, fleet.png
+	FLEET_PHASE_S=10 $(PYTEST) -q -m chaos services/router/tests/integration/test_fleet_chaos.py
 
 ci: proto-check proto-lint lint typecheck test ## what .ci/run runs
 
