@@ -5,6 +5,7 @@ Starts the stack as `make up` does (free ports), keeps `--concurrency` CompleteS
 in flight through the edge on one gRPC channel, and after `--apply-after` and twice that many
 finished streams applies, in turn,
 1. a tighter circuit breaker on the router cluster (max_requests, pending, retry budget),
+   with its health-check timeout (`--hc-timeout-s`, default 5 s: see _first_check),
 2. changed retries on the edge's streaming and unary routes (attempts, back-off),
 each read back from Envoy's `/config_dump` once live. Counts failed streams (any gRPC
 error), streams in flight at each swap, and whether the client had to reconnect
@@ -120,6 +121,13 @@ async def _drive(traffic: Traffic, total: int, concurrency: int) -> None:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
+def _first_check(timeout_s: float) -> dict[str, Any]:
+    """The router cluster's health-check timeout. A changed cluster is rebuilt and its
+    hosts serve only after a first passing check (envoyproxy/envoy#13070); on a busy host
+    a 1 s check of the new cluster timed out and left it without healthy hosts."""
+    return {"clusters": {"router": {"health_check": {"timeout_s": timeout_s}}}}
+
+
 def _read_back(admin: str) -> dict[str, Any]:
     values = mesh_view.live_values(admin)
     routes = values["routes"]["edge_http"]
@@ -141,6 +149,7 @@ async def _apply_when(
         "change": change,
         "after_requests": traffic.done,
         "in_flight_at_swap": in_flight,
+        "replaced_clusters": list(done.replaced_clusters),
         "version": done.version,
         "previous": done.previous,
         "validate_s": round(done.validate_s, 3),
@@ -175,7 +184,8 @@ async def measure(
     workdir = run_dir / "envoy"
     base = yaml.safe_load(POLICY.read_text(encoding="utf-8"))
     policies = []
-    for name, change in (("breaker", BREAKER), ("retries", _merge(BREAKER, RETRIES))):
+    breaker = _merge(BREAKER, _first_check(args.hc_timeout_s))
+    for name, change in (("breaker", breaker), ("retries", _merge(breaker, RETRIES))):
         path = run_dir / f"policy-{name}.yaml"
         path.write_text(yaml.safe_dump(_merge(base, change)), encoding="utf-8")
         policies.append(path)
@@ -208,6 +218,7 @@ async def measure(
         "policy_applied": True,
         "apply_s": [first["apply_s"], second["apply_s"]],
         "applies": [first, second],
+        "router_health_check_timeout_s": args.hc_timeout_s,
         "concurrency": args.concurrency,
         "max_tokens": MAX_TOKENS,
         "elapsed_s": round(elapsed, 2),
@@ -239,6 +250,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=240)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--apply-after", type=int, default=60)
+    parser.add_argument(
+        "--hc-timeout-s", type=float, default=5.0, help="router health-check timeout (policy)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "mesh_reload.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-mesh-") as run_dir:

@@ -14,6 +14,7 @@ from llm_envoy.policy import DEFAULT_POLICY_FILE, PolicyError, load_policy
 from llm_envoy.topology import Endpoint
 
 EXIT_REFUSED = 2
+REBUILT = "their health-checked hosts serve again after a first passing check (make mesh-status)"
 
 
 def _endpoint(text: str) -> Endpoint:
@@ -53,11 +54,14 @@ def _apply(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     if args.json:
         print(json.dumps({"version": done.version, "previous": done.previous,
-                          "validate_s": done.validate_s, "apply_s": done.apply_s}))  # fmt: skip
+                          "validate_s": done.validate_s, "apply_s": done.apply_s,
+                          "replaced_clusters": done.replaced_clusters}))  # fmt: skip
     else:
         print(f"applied version {done.version} (was {done.previous or '-'}): "
               f"validated in {done.validate_s:.2f} s, live in {done.apply_s:.3f} s "
               f"({', '.join(done.files)})")  # fmt: skip
+        if done.replaced_clusters:
+            print(f"clusters rebuilt: {', '.join(done.replaced_clusters)}; {REBUILT}")
     return 0
 
 

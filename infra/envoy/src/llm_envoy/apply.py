@@ -39,6 +39,7 @@ class Applied:
     files: tuple[str, ...]
     validate_s: float
     apply_s: float  # first rename -> every xDS version reported live
+    replaced_clusters: tuple[str, ...] = ()  # Envoy rebuilds these (warming, health checks)
 
 
 def _order(names: list[str]) -> list[str]:
@@ -100,7 +101,19 @@ def apply(workdir: Path, policy_file: Path) -> Applied:
         files=tuple(_order(list(split.files))),
         validate_s=validate_s,
         apply_s=time.monotonic() - started,
+        replaced_clusters=_replaced_clusters(split, previous),
     )
+
+
+def _replaced_clusters(split: xds.XdsConfig, previous: dict[str, str]) -> tuple[str, ...]:
+    """Clusters whose settings change. Envoy builds a new cluster for each and swaps it in
+    once warmed; a health-checked one starts with its hosts unhealthy until their first
+    check passes, so a first check that times out (a busy upstream) leaves it without
+    healthy hosts for an interval or two (envoyproxy/envoy#13070)."""
+    old = yaml.safe_load(previous.get(xds.CDS_FILE) or "{}") or {}
+    before = {c["name"]: c for c in old.get("resources", [])}
+    after = split.files[xds.CDS_FILE]["resources"]
+    return tuple(c["name"] for c in after if before.get(c["name"]) != c)
 
 
 def _changed(split: xds.XdsConfig, previous: dict[str, str]) -> list[str]:
