@@ -26,8 +26,10 @@ def test_discovery_kinds_parse(tmp_path: Path) -> None:
         " nameserver: '127.0.0.1:5353'}\n"
         "      - {name: k, discovery: kubernetes, service: inference, namespace: llm,"
         " port: 50054, weights_digest: abc}\n"
+        "      - {name: f, discovery: file, path: /run/replicas.txt}\n"
     ))  # fmt: skip
-    static, dns, kube = load_catalog(path, tmp_path).models["m"].deployments
+    static, dns, kube, listed = load_catalog(path, tmp_path).models["m"].deployments
+    assert listed.discovery == Discovery(kind="file", path="/run/replicas.txt")
     assert static.discovery == Discovery()
     assert not static.discovery.dynamic
     assert dns.discovery == Discovery(
@@ -46,6 +48,7 @@ def test_discovery_kinds_parse(tmp_path: Path) -> None:
         ("{name: d, discovery: dns, port: 1}", "dns discovery needs `service` and `port`"),
         ("{name: d, discovery: kubernetes, service: x}", "needs `service` and `port`"),
         ("{name: d, discovery: dns, service: x, port: 1, interval_s: 0}", "interval_s"),
+        ("{name: d, discovery: file}", "file discovery needs `path`"),
     ],
 )
 def test_bad_discovery_fails_start_up(tmp_path: Path, entry: str, message: str) -> None:

@@ -13,7 +13,7 @@ from llm_common.config import ConfigError
 from llm_common.tools.parsers import DEFAULT_PARSER, PARSERS
 
 KINDS = ("generation", "embedding")
-DISCOVERY_KINDS = ("static", "dns", "kubernetes")
+DISCOVERY_KINDS = ("static", "dns", "kubernetes", "file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +23,8 @@ class Discovery:
     `static`: the listed `replicas`. `dns`: every A/AAAA address of `service` (a headless
     Service name), re-resolved every `interval_s`, each at `port`; `nameserver` ("host:port")
     asks that server instead of the system resolver. `kubernetes`: the ready endpoints of the
-    EndpointSlices of Service `service` in `namespace`, watched, each at `port`.
+    EndpointSlices of Service `service` in `namespace`, watched, each at `port`. `file`: the
+    host:port lines of `path`, re-read every `interval_s` (`make scale` on a local stack).
     `weights_digest`, when set, is the digest every replica must report (else the first
     admitted replica's defines it).
     """
@@ -35,6 +36,7 @@ class Discovery:
     interval_s: float = 5.0
     nameserver: str = ""
     weights_digest: str = ""
+    path: str = ""
 
     @property
     def dynamic(self) -> bool:
@@ -169,8 +171,12 @@ def _parse_discovery(entry: Mapping[str, Any], where: str) -> Discovery:
         interval_s=float(entry.get("interval_s", 5.0)),
         nameserver=str(entry.get("nameserver", "")),
         weights_digest=str(entry.get("weights_digest", "")),
+        path=str(entry.get("path", "")),
     )
-    if found.dynamic and (not found.service or not 0 < found.port < 65536):
+    if kind == "file":
+        if not found.path:
+            raise ConfigError(f"MODELS_CONFIG: {where}: file discovery needs `path`")
+    elif found.dynamic and (not found.service or not 0 < found.port < 65536):
         raise ConfigError(f"MODELS_CONFIG: {where}: {kind} discovery needs `service` and `port`")
     if found.interval_s <= 0:
         raise ConfigError(f"MODELS_CONFIG: {where}: interval_s must be positive")

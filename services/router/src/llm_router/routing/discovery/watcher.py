@@ -9,8 +9,9 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from llm_common.logging import get_logger
-from llm_common.models_config import Deployment, ModelCatalog
+from llm_common.models_config import Deployment, Discovery, ModelCatalog
 from llm_router.routing.discovery.dns_source import DnsSource
+from llm_router.routing.discovery.file_source import FileSource
 from llm_router.routing.discovery.fleet import Fleet
 from llm_router.routing.discovery.gate import Gate, Prober
 from llm_router.routing.discovery.k8s_source import EndpointSliceSource, in_cluster_client
@@ -104,9 +105,15 @@ def build_discovery(
             found = deployment.discovery
             if not found.dynamic:
                 continue
-            source: Source = (
-                DnsSource(found) if found.kind == "dns" else EndpointSliceSource(found, kube_client)
-            )
+            source = _source(found, kube_client)
             gate = Gate(prober, spec.name, deployment.name, found.weights_digest)
             watches.append(DeploymentWatch(deployment, source, gate, fleet, load))
     return DiscoveryWatcher(watches, fleet)
+
+
+def _source(found: Discovery, kube_client: Callable[[], Any]) -> Source:
+    if found.kind == "dns":
+        return DnsSource(found)
+    if found.kind == "file":
+        return FileSource(found)
+    return EndpointSliceSource(found, kube_client)
