@@ -16,7 +16,7 @@ TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard 
          bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e test-chaos ci model constraints clean up down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload \
+        test test-unit test-integration test-e2e test-chaos ci model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
         bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster
 
@@ -145,6 +145,9 @@ CHAT_MODEL := infra/model/demo-chat
 up: model ## the whole platform on this host (MODEL=dir serves your checkpoint); Ctrl-C or `make down` stops it
 	$(PY) -m llm_stack up --model '$(or $(MODEL),$(CHAT_MODEL))' $(if $(MODEL_NAME),--model-name '$(MODEL_NAME)') \
 	  $(if $(MODEL_REPLICAS),--model-replicas $(MODEL_REPLICAS))
+
+scale: ## resize a running stack's generation replicas: make scale REPLICAS=N (router follows, no restart)
+	$(PY) -m llm_stack scale $(or $(REPLICAS),$(error make scale REPLICAS=N))
 
 down: ## stop what `make up` started
 	$(PY) -m llm_stack down

@@ -1,4 +1,5 @@
-"""`python -m llm_stack up|down|status`: behind `make up`, `make down` and `make status`."""
+"""`python -m llm_stack up|down|status|scale`: behind `make up`, `make down`, `make status`
+and `make scale REPLICAS=N`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import grpc
 
 from llm_common.config import ConfigError
-from llm_stack import demo, probes
+from llm_stack import demo, probes, scaling
 from llm_stack.byo import DEFAULT_REPLICAS, OwnModel, model_name, sample_call, with_own_model
 from llm_stack.catalogue import local_replicas
 from llm_stack.checkpoint import UnservableCheckpointError
@@ -26,6 +27,7 @@ from llm_stack.state import StackState, clear_state, read_state
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DOWN_TIMEOUT_S = 90.0
+SCALE_TIMEOUT_S = 300.0  # a replica loads its model before it is listed
 _log = logging.getLogger("llm_stack")
 
 
@@ -43,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub.add_parser("down", help="stop a running stack")
     sub.add_parser("status", help="what runs and whether it is healthy")
+    scale_parser = sub.add_parser("scale", help="resize the generation replicas of a running stack")
+    scale_parser.add_argument("replicas", type=int, help="replicas wanted (at least 1)")
     sub.add_parser("prepare", help="secrets and Envoy config for infra/compose.yaml")
     return parser
 
@@ -71,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             own.path, own.name, facts.model_type, facts.parameters / 1e6, facts.dtype,
             own.replicas,
         )  # fmt: skip
+    if args.command == "scale":
+        return scale(config, args.replicas)
     command = {"down": down, "status": status, "prepare": prepare}.get(args.command)
     try:
         return up(config, own) if command is None else command(config)
@@ -156,6 +162,28 @@ def down(config: StackConfig) -> int:
         _reap_leftovers(config)
         return EXIT_FAILED
     print("llm-stack: stopped")
+    return EXIT_OK
+
+
+def scale(config: StackConfig, replicas: int) -> int:
+    """Ask the supervisor of a running stack to resize, wait for its answer."""
+    if replicas < 1:
+        print("llm-stack: scale: REPLICAS must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if _running(config) is None:
+        print("llm-stack: not running (`make up` first)", file=sys.stderr)
+        return EXIT_FAILED
+    wanted = scaling.request(config.run_dir, replicas)
+    deadline = time.monotonic() + SCALE_TIMEOUT_S
+    while (result := scaling.read_result(config.run_dir, wanted)) is None:
+        if time.monotonic() > deadline:
+            print("llm-stack: scale: no answer from the supervisor in time", file=sys.stderr)
+            return EXIT_FAILED
+        time.sleep(0.2)  # another process's progress: polled
+    if result["error"]:
+        print(f"llm-stack: scale failed: {result['error']}", file=sys.stderr)
+        return EXIT_FAILED
+    print(f"llm-stack: {result['replicas']} replica(s): {', '.join(result['addresses'])}")
     return EXIT_OK
 
 

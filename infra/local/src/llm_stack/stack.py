@@ -18,7 +18,7 @@ from llm_envoy.local_spec import LocalSpec
 from llm_envoy.policy import load_policy
 from llm_envoy.render import render_local_spec
 from llm_envoy.topology import Layout
-from llm_stack import catalogue, probes, redis_cluster, specs
+from llm_stack import catalogue, probes, redis_cluster, scaling, specs
 from llm_stack.config import StackConfig
 from llm_stack.credentials import Credentials, ensure_credentials
 from llm_stack.models import ensure_checkpoints
@@ -73,6 +73,8 @@ class Stack:
         self._envoy: ManagedProcess | None = None
         self._restarts: dict[str, _Restart] = {}
         self._endpoints: Endpoints | None = None
+        self._shared: specs.Shared | None = None
+        self.scalable: scaling.Scalable | None = None  # what `make scale` resizes
 
     @property
     def endpoints(self) -> Endpoints:
@@ -109,7 +111,8 @@ class Stack:
         redis_url = self._start_redis()
         port_map = {r.port: c.ports.replica_port(r.port) for r in replicas}
         models = catalogue.write_copy(c.models_config, c.run_dir / "models.yaml", port_map)
-        shared = specs.Shared(c, redis_url, models, self.credentials)
+        self.scalable = scaling.make_scalable(models, c.run_dir)
+        shared = self._shared = specs.Shared(c, redis_url, models, self.credentials)
         service_specs = [
             *specs.core_specs(shared),
             *(specs.replica_spec(shared, r) for r in replicas),
@@ -265,6 +268,46 @@ class Stack:
         while not stop.wait(poll_s):
             for process in self.processes():
                 self._maybe_restart(process)
+            wanted = scaling.take_request(self.config.run_dir)
+            if wanted is not None:
+                self._answer_scale(wanted)
+
+    def scaled_replicas(self) -> list[ManagedProcess]:
+        """The replicas of the model `make scale` resizes, in start order."""
+        model = self.scalable.model if self.scalable is not None else None
+        return [p for p in self._services if p.spec.env.get("INFERENCE_MODEL") == model]
+
+    def scale(self, replicas: int) -> list[str]:
+        """Start or stop replicas until `replicas` (at least 1) run; their addresses.
+        Raises StackError when the stack has no scalable deployment or a replica fails."""
+        if self.scalable is None or self._shared is None:
+            raise StackError("no generation deployment with local replicas to scale")
+        running = self.scaled_replicas()
+        while len(running) < max(replicas, 1):
+            process = ManagedProcess(scaling.extra_replica_spec(self._shared, self.scalable.model))
+            self._services.append(process)
+            process.start()
+            self._write_state()
+            self._wait_serving(process)  # listed only once it serves: the router probes it
+            running.append(process)
+            scaling.write_listing(self.scalable.listing, _addresses(running))
+        while len(running) > max(replicas, 1):
+            process = running.pop()
+            scaling.write_listing(self.scalable.listing, _addresses(running))
+            time.sleep(scaling.UNLIST_WAIT_S)  # the router stops choosing it
+            process.stop()  # SIGTERM: it drains its streams, then exits
+            self._services.remove(process)
+            self._write_state()
+        return _addresses(running)
+
+    def _answer_scale(self, wanted: scaling.ScaleRequest) -> None:
+        error = ""
+        try:
+            self.scale(wanted.replicas)
+        except (StackError, probes.NotReadyError, OSError) as exc:
+            error = str(exc)
+            _log.warning("scale to %d failed: %s", wanted.replicas, exc)
+        scaling.write_result(self.config.run_dir, wanted, _addresses(self.scaled_replicas()), error)
 
     def _maybe_restart(self, process: ManagedProcess) -> None:
         name = process.spec.name
@@ -320,6 +363,10 @@ def render_envoy(config: StackConfig, replicas: list[catalogue.LocalReplica]) ->
     policy = load_policy(config.root / MESH_POLICY)
     render_local_spec(spec, workdir, config.root / "protos", policy)
     return spec.layout(policy)
+
+
+def _addresses(processes: Iterable[ManagedProcess]) -> list[str]:
+    return [f"127.0.0.1:{p.spec.grpc_port}" for p in processes]
 
 
 def _stop_all(processes: Iterable[ManagedProcess]) -> None:
