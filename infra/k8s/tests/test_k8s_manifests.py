@@ -273,10 +273,15 @@ def test_inference_scales_on_queue_depth() -> None:
         "kind": "StatefulSet",
         "name": "inference",
     }
-    (metric,) = hpa["spec"]["metrics"]
-    assert metric["pods"]["metric"]["name"] == "llm_inference_queue_depth"
+    names = [m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"]]
+    assert names == ["llm_inference_queue_depth", "llm_inference_kv_cache_usage"]
     rules = yaml.safe_load((REPO / "infra/prometheus/adapter-rules.yaml").read_text())["rules"]
-    assert any(r["name"]["as"] == "llm_inference_queue_depth" for r in rules)
+    sources = {r["name"]["as"]: r["name"]["matches"] for r in rules}
+    # Each from a gauge every replica exports (llm_inference.metrics).
+    assert sources == {
+        "llm_inference_queue_depth": "^vllm:num_requests_waiting$",
+        "llm_inference_kv_cache_usage": "^vllm:kv_cache_usage_perc$",
+    }
     assert hpa["spec"]["maxReplicas"] == 8
 
 

@@ -92,18 +92,18 @@ class InferenceClient:
         return response
 
     async def probe(self, replica: str, timeout_s: float) -> inf_pb.InfoResponse | None:
-        """Info from `replica` when its health is SERVING; None when it is not (yet)."""
+        """Info from `replica` when it serves and is not draining; None when it does not (yet).
+
+        Health is asked where it can be: a mesh that routes only InferenceService answers
+        UNIMPLEMENTED, and then the load report's `draining` is the word."""
         channel, metadata = self._channels.channel(replica)
-        health = health_pb2_grpc.HealthStub(channel)
+        stub = inf_grpc.InferenceServiceStub(channel)
         try:
-            reply = await health.Check(
-                health_pb2.HealthCheckRequest(service=INFERENCE_SERVICE),
-                metadata=metadata,
-                timeout=timeout_s,
-            )
-            if reply.status != health_pb2.HealthCheckResponse.SERVING:
+            if not await _serving(channel, metadata, timeout_s):
                 return None
-            stub = inf_grpc.InferenceServiceStub(channel)
+            load = await stub.GetLoad(inf_pb.GetLoadRequest(), metadata=metadata, timeout=timeout_s)
+            if load.load.draining:
+                return None
             info: inf_pb.InfoResponse = await stub.Info(
                 inf_pb.InfoRequest(), metadata=metadata, timeout=timeout_s
             )
@@ -134,3 +134,21 @@ def snapshot_from(report: inf_pb.LoadReport) -> LoadSnapshot:
         max_num_seqs=max(1, report.max_num_seqs),
         draining=report.draining,
     )
+
+
+async def _serving(
+    channel: grpc.aio.Channel, metadata: tuple[tuple[str, str], ...], timeout_s: float
+) -> bool:
+    """Health SERVING; True too when health is not routed to the replica (UNIMPLEMENTED)."""
+    health = health_pb2_grpc.HealthStub(channel)
+    try:
+        reply = await health.Check(
+            health_pb2.HealthCheckRequest(service=INFERENCE_SERVICE),
+            metadata=metadata,
+            timeout=timeout_s,
+        )
+    except grpc.aio.AioRpcError as err:
+        if err.code() == grpc.StatusCode.UNIMPLEMENTED:
+            return True
+        raise
+    return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
