@@ -96,7 +96,7 @@ class Runtime:
 
     async def start(self) -> None:
         self.watcher.start()
-        self.discovery.start()
+        await self.discovery.start()
         if self.near is not None:
             self.near.start()
         self.attesting.start()

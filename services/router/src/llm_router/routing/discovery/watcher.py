@@ -19,6 +19,7 @@ from llm_router.routing.discovery.k8s_source import EndpointSliceSource, in_clus
 _log = get_logger(__name__)
 # How often replicas found but not admitted yet (starting, or refused) are probed again.
 RETRY_S = 1.0
+FIRST_ROUND_S = 5.0  # the most a starting router waits for its first discovered replicas
 
 
 class Source(Protocol):
@@ -45,6 +46,7 @@ class DeploymentWatch:
         self._fleet = fleet
         self._load = load
         self._found: frozenset[str] = frozenset()
+        self.settled = asyncio.Event()  # the first address set was applied
 
     async def run(self) -> None:
         try:
@@ -53,6 +55,8 @@ class DeploymentWatch:
                 if found is not None:
                     self._found = found
                 await self.apply(self._found)
+                if found is not None:
+                    self.settled.set()
         finally:
             self._source.close()
 
@@ -80,9 +84,18 @@ class DiscoveryWatcher:
         self.fleet = fleet
         self._tasks: list[asyncio.Task[None]] = []
 
-    def start(self) -> None:
+    async def start(self, settle_s: float = FIRST_ROUND_S) -> None:
+        """Start watching; wait (at most `settle_s`) until each deployment's first addresses
+        are probed, so a router that starts serving has replicas to place requests on."""
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(w.run()) for w in self.watches]
+        if self.watches:
+            settled = [asyncio.ensure_future(w.settled.wait()) for w in self.watches]
+            _, pending = await asyncio.wait(settled, timeout=settle_s)
+            for waiter in pending:
+                waiter.cancel()
+            if pending:
+                _log.warning("discovery found no replicas yet", deployments=len(pending))
 
     async def stop(self) -> None:
         for task in self._tasks:
