@@ -180,7 +180,8 @@ class Dispatcher:
 
         def job(deployment: Deployment) -> Job:
             chain = self._selector.chain(deployment.name, prompt)
-            return Job(deployment.name, chain, len(prompt) + resumed, sampling.max_tokens - resumed)
+            left = max(sampling.max_tokens - resumed, 1) if resumed else sampling.max_tokens
+            return Job(deployment.name, chain, len(prompt) + resumed, left)
 
         return await self.place(target.model, target.deployments, job, attempt, exclude)
 
