@@ -16,7 +16,7 @@ TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard 
          bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e test-chaos ci model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload wheelhouse images test-images \
+        test test-unit test-integration test-e2e test-chaos test-security ci model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload wheelhouse images test-images \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
         bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster train-verifier
 
@@ -83,6 +83,9 @@ test-e2e: model ## services started as processes
 
 test: model ## every test (the README's command)
 	$(PYTEST) -q -m "not gpu"
+
+test-security: model ## the security review's attacks, reproduced (marker `security`; docs/security.md)
+	$(PYTEST) -q -m "security and not gpu"
 
 # The chaos scenarios stay out of `ci` until the replica-kill one has a longer clean record.
 test-chaos: model ## fault scenarios: replica kill, billing down, Redis restart; fleet scale/migration/drain

@@ -68,6 +68,14 @@ def registry(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     return load_registry(load_catalog(root / "models.yaml", root))
 
 
+@pytest.fixture(scope="module")
+def literal_tokenizer(demo_tokenizer: Tokenizer) -> Tokenizer:
+    """The demo tokenizer encoding special-token text as text, as the service does."""
+    literal = Tokenizer.from_str(demo_tokenizer.to_str())
+    literal.encode_special_tokens = True
+    return literal
+
+
 @pytest.fixture
 async def server(registry: Registry) -> AsyncIterator[RunningServer]:
     spec = build_spec(registry, LIMITS)
@@ -88,12 +96,12 @@ async def test_health_is_serving(server: RunningServer) -> None:
 
 
 async def test_encode_decode_round_trip(
-    stub: pb_grpc.TokenizerServiceAsyncStub, demo_tokenizer: Tokenizer
+    stub: pb_grpc.TokenizerServiceAsyncStub, literal_tokenizer: Tokenizer
 ) -> None:
     encoded = await stub.Encode(pb.EncodeRequest(model=DEMO, texts=UNICODE_TEXTS))
     ids = [list(e.ids) for e in encoded.encodings]
     assert ids == [
-        e.ids for e in demo_tokenizer.encode_batch(UNICODE_TEXTS, add_special_tokens=False)
+        e.ids for e in literal_tokenizer.encode_batch(UNICODE_TEXTS, add_special_tokens=False)
     ]
     assert encoded.total_tokens == sum(map(len, ids))
     decoded = await stub.Decode(pb.DecodeRequest(model=DEMO, sequences=encoded.encodings))
@@ -137,7 +145,7 @@ async def test_batch_equals_in_process_tokenizers(
 
 
 async def test_concurrent_requests(
-    stub: pb_grpc.TokenizerServiceAsyncStub, demo_tokenizer: Tokenizer
+    stub: pb_grpc.TokenizerServiceAsyncStub, literal_tokenizer: Tokenizer
 ) -> None:
     texts = [f"request {i}: {UNICODE_TEXTS[i % len(UNICODE_TEXTS)]}" for i in range(32)]
     replies = await asyncio.gather(
@@ -146,7 +154,7 @@ async def test_concurrent_requests(
     for text, reply in zip(texts, replies, strict=True):
         assert (
             list(reply.encodings[0].ids)
-            == demo_tokenizer.encode(text, add_special_tokens=False).ids
+            == literal_tokenizer.encode(text, add_special_tokens=False).ids
         )
 
 
@@ -216,11 +224,11 @@ async def test_default_template_with_tools(stub: pb_grpc.TokenizerServiceAsyncSt
 
 
 async def test_count_tokens(
-    stub: pb_grpc.TokenizerServiceAsyncStub, demo_tokenizer: Tokenizer
+    stub: pb_grpc.TokenizerServiceAsyncStub, literal_tokenizer: Tokenizer
 ) -> None:
     texts = UNICODE_TEXTS
     reply = await stub.CountTokens(pb.CountTokensRequest(model=DEMO, texts=texts))
-    expected = [len(e.ids) for e in demo_tokenizer.encode_batch(texts, add_special_tokens=False)]
+    expected = [len(e.ids) for e in literal_tokenizer.encode_batch(texts, add_special_tokens=False)]
     assert list(reply.counts) == expected
     assert reply.total == sum(expected)
     messages = chat(*CONVERSATION)

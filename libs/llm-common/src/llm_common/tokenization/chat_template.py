@@ -190,17 +190,34 @@ class ChatTemplate:
         add_generation_prompt: bool,
         tools: Sequence[ToolDefinition] = (),
     ) -> str:
-        """The prompt text; ChatTemplateError when the template rejects the conversation.
+        """The prompt text; ChatTemplateError when the template rejects the conversation."""
+        data = TemplateData.of(messages, tools)
+        return self.render_data(data, add_generation_prompt=add_generation_prompt)
+
+    def render_data(self, data: TemplateData, *, add_generation_prompt: bool) -> str:
+        """As render, from the template variables (see TemplateData).
 
         No tools are passed as None, as HF does, so `tools is none` tests work.
         """
         try:
             return self._template.render(
                 **self._variables,
-                messages=[m.as_template_data() for m in messages],
-                tools=[t.as_template_data() for t in tools] or None,
+                messages=data.messages,
+                tools=data.tools or None,
                 documents=None,
                 add_generation_prompt=add_generation_prompt,
             )
         except jinja2.exceptions.TemplateError as exc:
             raise ChatTemplateError(str(exc)) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateData:
+    """What a request hands the template: every string in it came from the caller."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, messages: Sequence[ChatMessage], tools: Sequence[ToolDefinition]) -> TemplateData:
+        return cls([m.as_template_data() for m in messages], [t.as_template_data() for t in tools])

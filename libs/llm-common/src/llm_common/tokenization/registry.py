@@ -14,8 +14,14 @@ from tokenizers import Tokenizer
 
 from llm_common.config import ConfigError
 from llm_common.models_config import ModelCatalog, ModelSpec
-from llm_common.tokenization.chat_template import ChatMessage, ChatTemplate, ToolDefinition
+from llm_common.tokenization.chat_template import (
+    ChatMessage,
+    ChatTemplate,
+    TemplateData,
+    ToolDefinition,
+)
 from llm_common.tokenization.fingerprint import fingerprint
+from llm_common.tokenization.literal import LiteralText
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +79,8 @@ class TokenizerModel:
     named_tokens: Mapping[str, SpecialToken]
     special_tokens: tuple[SpecialToken, ...]
     fingerprint: str  # see llm_common.tokenization.fingerprint
+    # Encodes caller text with special-token text as characters (see tokenization.literal).
+    literal: LiteralText
 
     @property
     def bos(self) -> SpecialToken | None:
@@ -87,15 +95,15 @@ class TokenizerModel:
         return self.named_tokens.get("pad_token")
 
     def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool) -> list[list[int]]:
-        """Token ids per text; the Rust batch call releases the GIL and runs in parallel."""
-        # The _fast variant skips character offsets, which nothing here needs.
-        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=add_special_tokens)
-        return [encoding.ids for encoding in encodings]
+        """Token ids per text; the Rust batch call releases the GIL and runs in parallel.
+
+        Caller text: special-token text in it is encoded as characters, never as the token.
+        """
+        return self.literal.encode_batch(list(texts), add_special_tokens=add_special_tokens)
 
     def count_batch(self, texts: Sequence[str]) -> list[int]:
-        """Token count per text, without special tokens."""
-        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
-        return [len(encoding) for encoding in encodings]
+        """Token count per text, without special tokens (special-token text counts as text)."""
+        return [len(ids) for ids in self.encode_batch(texts, add_special_tokens=False)]
 
     def decode_batch(
         self, sequences: Sequence[Sequence[int]], *, skip_special_tokens: bool
@@ -110,12 +118,17 @@ class TokenizerModel:
         add_generation_prompt: bool,
         tools: Sequence[ToolDefinition] = (),
     ) -> RenderedChat:
-        """Render and tokenize as HF apply_chat_template: special-token text in the prompt maps
-        to its id, and no BOS is added on top of the one the template writes."""
-        prompt = self.chat_template.render(
-            messages, add_generation_prompt=add_generation_prompt, tools=tools
+        """Render and tokenize as HF apply_chat_template (no BOS on top of the template's),
+        except that only the template's own special-token text maps to special ids: the
+        request's strings are encoded as text (see tokenization.literal)."""
+        shielded = self.literal.shield(TemplateData.of(messages, tools))
+        rendered = self.chat_template.render_data(
+            shielded.data, add_generation_prompt=add_generation_prompt
         )
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False).ids
+        if not shielded.markers:  # nothing to keep from being parsed: HF's exact ids
+            ids = self.tokenizer.encode(rendered, add_special_tokens=False).ids
+            return RenderedChat(rendered, ids, self.chat_template.is_default)
+        prompt, ids = self.literal.encode_rendered(rendered, shielded.markers)
         return RenderedChat(prompt, ids, self.chat_template.is_default)
 
 
@@ -155,6 +168,7 @@ def load_model(spec: ModelSpec) -> TokenizerModel:
         named_tokens=named,
         special_tokens=_added_special_tokens(tokenizer),
         fingerprint=fingerprint(directory, TOKENIZER_FILES),
+        literal=LiteralText.of(tokenizer),
     )
     log.info(
         "model loaded",
