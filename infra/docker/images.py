@@ -34,6 +34,9 @@ TARGETS = (*SERVICES, "envoy")
 # The file the rebuild measurement changes (and restores): the router's own code.
 PROBE = ROOT / "services" / "router" / "src" / "llm_router" / "__init__.py"
 HEALTH_TIMEOUT_S = 600.0
+# With the vfs storage driver creating a container copies its whole image (inference: GBs):
+# far longer than compose's 60 s API timeout.
+COMPOSE_ENV = {"COMPOSE_HTTP_TIMEOUT": "1800", "DOCKER_CLIENT_TIMEOUT": "1800"}
 COMPILERS = ("gcc", "cc", "c++", "g++", "clang", "make")
 
 
@@ -117,7 +120,7 @@ def inspect_contents(built: Built) -> None:
 
 def _containers() -> dict[str, str]:
     """Compose service -> container id."""
-    out = _run([*_compose(), "ps", "-q"])
+    out = _run([*_compose(), "ps", "-q"], env=COMPOSE_ENV)
     found = {}
     for cid in out.split():
         service = _inspect(cid, '{{index .Config.Labels "com.docker.compose.service"}}')
@@ -189,7 +192,7 @@ def test(base_image: str) -> dict[str, object]:
     _open_run_dir()
     result: dict[str, object] = {"base_image": base_image}
     try:
-        _run([*_compose(), "up", "-d", "--no-build"], timeout=600)
+        _run([*_compose(), "up", "-d", "--no-build"], env=COMPOSE_ENV, timeout=3600)
         states = wait_healthy()
         result["health"] = states
         for built in images:
@@ -209,7 +212,10 @@ def test(base_image: str) -> dict[str, object]:
         result["error"] = str(exc)[-2000:]
     finally:
         result["compose_logs_tail"] = _logs_tail()
-        _run([*_compose(), "down", "-v", "--remove-orphans"], timeout=300)
+        try:
+            _run([*_compose(), "down", "-v", "--remove-orphans"], env=COMPOSE_ENV, timeout=1800)
+        except RuntimeError as exc:
+            result["down_error"] = str(exc)[-500:]
     rebuilt = _rebuild_after_code_change(base_image)
     result["images"] = [asdict(b) for b in images]
     result["rebuild_after_code_change_s"] = rebuilt.build_s
@@ -232,7 +238,8 @@ def _open_run_dir() -> None:
 
 def _logs_tail() -> str:
     try:
-        return _run([*_compose(), "logs", "--tail", "5", "--no-color"], timeout=60)[-3000:]
+        logs = _run([*_compose(), "logs", "--tail", "5", "--no-color"], env=COMPOSE_ENV)
+        return logs[-3000:]
     except RuntimeError as exc:
         return str(exc)[-500:]
 

@@ -13,11 +13,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+import yaml
 
 from llm_envoy import apply, live, mesh_view, xds
 from llm_envoy.layouts import LocalPorts
 from llm_envoy.local_spec import LocalSpec
-from llm_envoy.policy import DEFAULT_POLICY_FILE, PolicyError, load_policy
+from llm_envoy.policy import DEFAULT_POLICY_FILE, PolicyError, load_policy, parse_policy
 from llm_envoy.render import render_local_spec
 from llm_envoy.validate import envoy_binary
 
@@ -145,3 +146,12 @@ def test_reapplying_the_committed_policy_is_a_no_op(running_envoy: RunningEnvoy)
     version = live.xds_state(running_envoy.admin, []).versions["cds"]
     done = apply.apply(running_envoy.workdir, DEFAULT_POLICY_FILE)
     assert done.version == version
+
+
+def test_show_prints_the_effective_policy_and_live_values(running_envoy: RunningEnvoy) -> None:
+    """What `make mesh-show` prints reads back as the policy, next to what Envoy runs."""
+    text = mesh_view.show_text(load_policy(), running_envoy.admin)
+    shown = yaml.safe_load(text)
+    assert parse_policy(shown["effective_policy"]) == load_policy()
+    assert shown["live"]["clusters"]["router"]["max_requests"] == 1024
+    assert shown["live"]["routes"]["mesh"]["cache"]["timeout"] == "1.500s"

@@ -17,12 +17,15 @@ Config = dict[str, Any]
 
 def policy_dict(policy: MeshPolicy) -> Config:
     """The effective policy in policy.yaml's shape (defaults filled in)."""
-    data = _plain(dataclasses.asdict(policy))
+    data: Config = _plain(policy)
     data["clusters"] = {"defaults": data.pop("cluster_defaults"), **data.pop("clusters")}
     return {"version": 1, **data}
 
 
 def _plain(value: Any) -> Any:
+    """Dataclasses, mappings (read-only ones too) and tuples as YAML-ready values."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -132,7 +132,7 @@ def _build(
     for key, raw in data.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in fields:
-            allowed = ", ".join(sorted(fields)) + (", version" if not path else "")
+            allowed = ", ".join(sorted([*fields, *(() if path else ("clusters", "version"))]))
             errors.append(f"{where}: unknown key (allowed: {allowed})")
             continue
         ok, value = _value(hints[key], fields[key], raw, where, errors)
