@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cache_heldout
 import grpc
 import machine
 import numpy as np
@@ -56,6 +57,7 @@ from llm_cache.encoder import Encoder, default_model_dir
 from llm_cache.index import VectorIndex
 from llm_cache.server import encoder_dtype, redis_client
 from llm_cache.store import NewEntry, RedisStore
+from llm_cache.verifier import Verifier, default_verifier_dir
 from llm_common.grpc_runtime import with_grpc_runtime
 from llm_common.resilience import AsyncBreaker, BreakerMetrics
 from llm_testing import EmbeddedRedis, free_port, start_embedded_redis
@@ -425,7 +427,7 @@ class Server:
 
 
 @contextlib.contextmanager
-def cache_server(url: str, threads: int) -> Iterator[Server]:
+def cache_server(url: str, threads: int, verifier: str = "balanced") -> Iterator[Server]:
     """`python -m llm_cache` on a free port, yielded once its index is rebuilt."""
     port = free_port()
     env = {
@@ -439,6 +441,7 @@ def cache_server(url: str, threads: int) -> Iterator[Server]:
         "CACHE_ENCODER_THREADS": str(threads),
         "CACHE_REDIS_TIMEOUT_S": "2",
         "HF_HUB_OFFLINE": "1",
+        "CACHE_SEMANTIC_VERIFIER": verifier,
     }
     started = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "llm_cache"], env=env)
@@ -624,6 +627,11 @@ def latency(
             }
             if n == len(sizes) - 1:
                 precision = service_precision(stub, paraphrases, entry_of)
+        if n == len(sizes) - 1:  # the same lookups with the rule guard alone (today's service)
+            with cache_server(url, threads, verifier="off") as server:
+                store_sources(server.stub, sources)
+                off = lookup_latency(server, sources, queries, size)
+            row["verifier_off"] = {k: off[k] for k in ("semantic_paraphrase", "semantic_question")}
         row |= search_latency(encoder.dim, size, threads, encoder)
         row["store_read"] = asyncio.run(store_read_cost(url, size))
         results.append(row)
@@ -728,6 +736,8 @@ def main() -> None:
     encoder = Encoder(default_model_dir(), dtype=encoder_dtype(SemanticSettings()))
     texts = [t for p in paraphrases + qqp for t in (p.a, p.b)]
     texts += [t for pairs in adversarial(paraphrases, qqp).values() for pair in pairs for t in pair]
+    held_out = cache_heldout.load_held_out(DATA / "held_out.jsonl")
+    texts += [t for r in held_out for t in (r.a, r.b)]
     started = time.perf_counter()
     vectors = embed_all(encoder, texts, None if args.no_embedding_cache else args.embedding_cache)
     embed_s = time.perf_counter() - started
@@ -735,6 +745,14 @@ def main() -> None:
     quality_result = quality(paraphrases, qqp, vectors)
     hit, false = (quality_result[k] for k in ("paraphrase_hit_rate", "qqp_nondup_false_hit_rate"))
     print(f"quality at {THRESHOLD}: hit {hit}, false hits {false}", flush=True)
+    verifier = Verifier(default_verifier_dir(), default_model_dir(), dtype=encoder.dtype)
+    held = cache_heldout.section(
+        paraphrases, qqp, vectors, verifier,
+        held_out=held_out, threshold=THRESHOLD, margin=QUESTION_MARGIN,
+    )  # fmt: skip
+    held["gptcache_protocol"]["old_guard"] = quality_result["gptcache_protocol"]["guard"]
+    print(f"held-out: {json.dumps({k: v for k, v in held['held_out'].items() if k != 'curves'})}",
+          flush=True)  # fmt: skip
 
     redis: EmbeddedRedis | None = None
     url = args.redis_url
@@ -792,10 +810,29 @@ def main() -> None:
         ],
     }
     result["goals"] = goals(result)
+    largest = max(rows, key=lambda r: r["entries"])
+    added = None
+    if "verifier_off" in largest:
+        added = max(
+            largest[k]["p50_ms"] - largest["verifier_off"][k]["p50_ms"]
+            for k in ("semantic_paraphrase", "semantic_question")
+        )
+        held["latency_p50_ms_at_largest"] = {
+            "entries": largest["entries"],
+            "verifier": {
+                k: largest[k]["p50_ms"] for k in ("semantic_paraphrase", "semantic_question")
+            },
+            "rule_guard_only": {k: v["p50_ms"] for k, v in largest["verifier_off"].items()},
+            "added_ms_worst": round(added, 3),
+        }
+    held["goals"] = cache_heldout.goals(held, added)
+    result["held_out"] = held
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cache.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     plot(result, args.out / "cache.png")
+    cache_heldout.plot(result, args.out / "cache_heldout.png")
     print(json.dumps(result["goals"], indent=2))
+    print(json.dumps(result["held_out"]["goals"], indent=2))
 
 
 if __name__ == "__main__":

@@ -301,20 +301,17 @@ class ResponseCache:
         tenant: str,
         threshold: float,
     ) -> tuple[list[Candidate], str | None]:
-        """The candidates the guard lets through, and the first rejection's check."""
+        """The candidates the guard (or the verifier) lets through, and the first
+        rejection's check."""
         if not self._semantic.guard:
             return list(candidates), None
         passing, first = [], None
-        margin = self._semantic.question_margin
+        mode = self._semantic.verifier_mode(tenant)
         for candidate in candidates:
-            needed = guard.required_similarity(
-                embedding.features, candidate.features, threshold, margin
-            )
-            mismatch = (
-                guard.Mismatch.SIMILARITY
-                if candidate.similarity < needed
-                else guard.check(embedding.features, candidate.features)
-            )
+            if mode != "off" and candidate.verified is not None:
+                mismatch = self._verified(embedding, candidate, mode, threshold)
+            else:
+                mismatch = self._rules(embedding, candidate, threshold)
             if mismatch is None:
                 passing.append(candidate)
                 continue
@@ -322,6 +319,33 @@ class ResponseCache:
             self._metrics.guard_rejections.labels(mismatch.value).inc()
             self._stats.record(tenant, Counters(guard_rejections=1))
         return passing, first
+
+    def _rules(
+        self, embedding: Embedding, candidate: Candidate, threshold: float
+    ) -> guard.Mismatch | None:
+        """The rule guard alone (verifier off or not loaded)."""
+        needed = guard.required_similarity(
+            embedding.features, candidate.features, threshold, self._semantic.question_margin
+        )
+        if candidate.similarity < needed:
+            return guard.Mismatch.SIMILARITY
+        return guard.check(embedding.features, candidate.features)
+
+    def _verified(
+        self, embedding: Embedding, candidate: Candidate, mode: str, threshold: float
+    ) -> guard.Mismatch | None:
+        """The mode's operating point (similarity, then the verifier's probability), after
+        the rule checks kept next to the verifier."""
+        assert self._engine is not None
+        assert self._engine.verifier is not None
+        assert candidate.verified is not None
+        point = self._engine.verifier.point(mode)
+        if candidate.similarity < threshold + point.similarity_margin:
+            return guard.Mismatch.SIMILARITY
+        mismatch = guard.check_with_verifier(embedding.features, candidate.features)
+        if mismatch is None and candidate.verified < point.probability:
+            return guard.Mismatch.VERIFIER
+        return mismatch
 
     def _refusal(self, key: RequestKey, allow_nondeterministic: bool) -> Reason | None:
         if not key.replayable:

@@ -23,6 +23,7 @@ DEFAULT_GRPC_PORT = 50055
 DEFAULT_METRICS_PORT = 9155
 DAY_S = 86_400
 ENCODER_DTYPES = ("auto", "float32", "bfloat16")
+VERIFIER_MODES = ("off", "balanced", "strict")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +129,18 @@ class SemanticSettings:
     # only the nearest `prefilter_keep` rows are scored exactly.
     prefilter_min_rows: int = 16_384
     prefilter_keep: int = 256
+    # The learned verifier (verifier.py) decides on the candidates above the threshold:
+    # "balanced" or "strict" (its operating points), or "off" (the rule guard alone).
+    verifier: str = "balanced"
+    verifier_dir: Path | None = None  # None: the model shipped in llm_cache/verifier_model
+    verifier_tenants: tuple[tuple[str, str], ...] = ()  # per-tenant mode overrides
 
     def __post_init__(self) -> None:
+        modes = [self.verifier, *(mode for _, mode in self.verifier_tenants)]
+        if any(mode not in VERIFIER_MODES for mode in modes):
+            raise ConfigError.for_variable(
+                "CACHE_SEMANTIC_VERIFIER", f"modes are {', '.join(VERIFIER_MODES)}"
+            )
         if not 0.0 < self.threshold <= 1.0:
             raise ConfigError.for_variable("CACHE_SEMANTIC_THRESHOLD", "must be in (0, 1]")
         if self.encoder_dtype not in ENCODER_DTYPES:
@@ -145,6 +156,7 @@ class SemanticSettings:
     def from_env(cls, environ: Mapping[str, str]) -> Self:
         d = cls()
         model_dir = env_str(environ, "CACHE_ENCODER_DIR")
+        verifier_dir = env_str(environ, "CACHE_VERIFIER_DIR")
         return cls(
             enabled=env_bool(environ, "CACHE_SEMANTIC_ENABLED", d.enabled),
             threshold=env_float(
@@ -172,7 +184,33 @@ class SemanticSettings:
                 environ, "CACHE_PREFILTER_MIN_ROWS", d.prefilter_min_rows, min_value=1
             ),
             prefilter_keep=env_int(environ, "CACHE_PREFILTER_KEEP", d.prefilter_keep, min_value=1),
+            verifier=env_str(environ, "CACHE_SEMANTIC_VERIFIER", d.verifier),
+            verifier_dir=Path(verifier_dir) if verifier_dir else None,
+            verifier_tenants=_tenant_modes(environ.get("CACHE_SEMANTIC_VERIFIER_TENANTS", "")),
         )
+
+    def verifier_mode(self, tenant: str) -> str:
+        """The verifier mode of `tenant` (its override, else the default)."""
+        return next((mode for t, mode in self.verifier_tenants if t == tenant), self.verifier)
+
+    @property
+    def verifier_needed(self) -> bool:
+        """Whether any tenant's mode uses the verifier (else it is not loaded)."""
+        return any(m != "off" for m in (self.verifier, *(m for _, m in self.verifier_tenants)))
+
+
+def _tenant_modes(value: str) -> tuple[tuple[str, str], ...]:
+    """`tenant=mode,tenant=mode` (CACHE_SEMANTIC_VERIFIER_TENANTS)."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        tenant, sep, mode = item.rpartition("=")
+        if not sep or not tenant or mode not in VERIFIER_MODES:
+            raise ConfigError.for_variable(
+                "CACHE_SEMANTIC_VERIFIER_TENANTS",
+                f"expected tenant=mode pairs with modes {', '.join(VERIFIER_MODES)}",
+            )
+        pairs.append((tenant, mode))
+    return tuple(pairs)
 
 
 @dataclass(frozen=True, slots=True)

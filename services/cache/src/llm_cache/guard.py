@@ -120,6 +120,7 @@ class Mismatch(enum.StrEnum):
     DIRECTION = "direction"
     QUESTION = "question"
     SIMILARITY = "similarity"  # two questions below the threshold plus the question margin
+    VERIFIER = "verifier"  # the learned verifier's score is below the mode's operating point
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +187,20 @@ def check(query: Features, stored: Features) -> Mismatch | None:
         return Mismatch.DIRECTION
     if query.question and stored.question and query.question != stored.question:
         return Mismatch.QUESTION
+    return None
+
+
+def check_with_verifier(query: Features, stored: Features) -> Mismatch | None:
+    """The rule checks kept next to the learned verifier: on the tuning split they removed
+    false hits the verifier let through (terms swapped around "to"/"than"/"from") or they are
+    exact facts a wrong answer must not cross (negation, numbers); the other checks cost more
+    hits than they saved there (services/cache/training/README.md)."""
+    if _negation_differs(query, stored):
+        return Mismatch.NEGATION
+    if query.numbers != stored.numbers:
+        return Mismatch.NUMBER
+    if _swapped(query.ordered, stored.ordered):
+        return Mismatch.DIRECTION
     return None
 
 

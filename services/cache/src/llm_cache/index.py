@@ -22,6 +22,8 @@ class Candidate:
     entry_id: str
     similarity: float
     features: Features
+    tokens: bytes = b""  # the verifier's word pieces of the stored prompt (uint16), or empty
+    verified: float | None = None  # the verifier's probability of "same request", once scored
 
 
 def sign_bits(vectors: Vector) -> npt.NDArray[np.uint64]:
@@ -52,21 +54,24 @@ class _Namespace:
         self.bits = np.zeros(((dim + 63) // 64, _INITIAL_ROWS), np.uint64)
         self.ids: list[str] = []
         self.features: list[Features] = []
+        self.tokens: list[bytes] = []
         self.rows: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def put(self, entry_id: str, vector: Vector, features: Features) -> None:
+    def put(self, entry_id: str, vector: Vector, features: Features, tokens: bytes) -> None:
         row = self.rows.get(entry_id)
         if row is None:
             row = len(self.ids)
             self._reserve(row + 1)
             self.ids.append(entry_id)
             self.features.append(features)
+            self.tokens.append(tokens)
             self.rows[entry_id] = row
         else:
             self.features[row] = features
+            self.tokens[row] = tokens
         self.vectors[row] = vector
         self.bits[:, row] = sign_bits(vector)[0]
 
@@ -78,9 +83,11 @@ class _Namespace:
             self.vectors[row] = self.vectors[last]
             self.bits[:, row] = self.bits[:, last]
             self.ids[row], self.features[row] = moved, self.features[last]
+            self.tokens[row] = self.tokens[last]
             self.rows[moved] = row
         self.ids.pop()
         self.features.pop()
+        self.tokens.pop()
 
     def nearest(
         self, query: Vector, k: int, min_similarity: float, prefilter: tuple[int, int]
@@ -124,7 +131,8 @@ class _Namespace:
 class VectorIndex:
     """Unit vectors by namespace; cosine similarity is a dot product.
 
-    Bounded by `max_vectors` (memory is about dim * 4 + 64 bytes per vector plus features);
+    Bounded by `max_vectors` (memory is about dim * 4 + 64 bytes per vector plus features
+    and up to 64 bytes of verifier tokens);
     `put` refuses new vectors beyond it.
     """
 
@@ -147,8 +155,11 @@ class VectorIndex:
         """Whether any entry is indexed under `namespace`."""
         return namespace in self._spaces
 
-    def put(self, namespace: str, entry_id: str, vector: Vector, features: Features) -> bool:
-        """Add or replace an entry's vector; False when the index is full."""
+    def put(
+        self, namespace: str, entry_id: str, vector: Vector, features: Features, tokens: bytes = b""
+    ) -> bool:
+        """Add or replace an entry's vector (with its guard features and verifier tokens);
+        False when the index is full."""
         current = self._where.get(entry_id)
         if current is not None and current != namespace:
             self.remove(entry_id)
@@ -157,7 +168,7 @@ class VectorIndex:
         space = self._spaces.get(namespace)
         if space is None:
             space = self._spaces[namespace] = _Namespace(self.dim)
-        space.put(entry_id, vector, features)
+        space.put(entry_id, vector, features, tokens)
         self._where[entry_id] = namespace
         return True
 
@@ -180,7 +191,10 @@ class VectorIndex:
         if space is None:
             return []
         found = space.nearest(query, k, min_similarity, self._prefilter)
-        return [Candidate(space.ids[row], score, space.features[row]) for row, score in found]
+        return [
+            Candidate(space.ids[row], score, space.features[row], space.tokens[row])
+            for row, score in found
+        ]
 
     def clear(self) -> None:
         """Forget everything (before a rebuild)."""

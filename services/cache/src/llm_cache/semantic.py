@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import numpy as np
 from llm_cache import guard
 from llm_cache.encoder import Encoder
 from llm_cache.index import Candidate, Vector, VectorIndex
+from llm_cache.verifier import Verifier
 from llm_common.bounded_map import BoundedTTLMap
 
 T = TypeVar("T")
@@ -28,6 +30,7 @@ class Embedding:
 
     vector: Vector | None
     features: guard.Features
+    tokens: bytes = b""  # the verifier's word pieces (uint16), empty without a verifier
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,9 +68,17 @@ class SemanticEngine:
     a batch runs are embedded together in the next one (up to `max_batch`).
     """
 
-    def __init__(self, encoder: Encoder, index: VectorIndex, *, max_batch: int) -> None:
+    def __init__(
+        self,
+        encoder: Encoder,
+        index: VectorIndex,
+        *,
+        max_batch: int,
+        verifier: Verifier | None = None,
+    ) -> None:
         self._encoder = encoder
         self._index = index
+        self._verifier = verifier
         self._max_batch = max_batch
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="semantic")
         self._queue: asyncio.Queue[_Job] = asyncio.Queue()
@@ -156,9 +167,40 @@ class SemanticEngine:
                 if not job.future.done():
                     job.future.set_result(result)
 
+    @property
+    def verifier(self) -> Verifier | None:
+        return self._verifier
+
     def _process(self, jobs: list[_Job]) -> list[Search]:
         embeddings = self._embed_all([job.text for job in jobs])
-        return [self._search_one(job, embeddings[job.text]) for job in jobs]
+        return self._verify([self._search_one(job, embeddings[job.text]) for job in jobs])
+
+    def _verify(self, searches: list[Search]) -> list[Search]:
+        """Scores every candidate of the batch in one verifier pass: only candidates at or
+        above the threshold reach it, so a miss costs nothing here."""
+        if self._verifier is None:
+            return searches
+        pairs = [
+            (c.tokens, s.embedding.tokens)
+            for s in searches
+            for c in s.candidates
+            if c.tokens and s.embedding.tokens
+        ]
+        if not pairs:
+            return searches
+        scores = iter(self._verifier.score_bytes(pairs).tolist())
+        return [
+            dataclasses.replace(
+                s,
+                candidates=tuple(
+                    dataclasses.replace(c, verified=next(scores))
+                    if c.tokens and s.embedding.tokens
+                    else c
+                    for c in s.candidates
+                ),
+            )
+            for s in searches
+        ]
 
     def _search_one(self, job: _Job, embedding: Embedding) -> Search:
         if job.namespace is None or embedding.vector is None:
@@ -171,14 +213,22 @@ class SemanticEngine:
         todo = list(dict.fromkeys(t for t in texts if t not in result))
         if todo:
             encoded = self._encoder.encode(todo)
+            tokens = self._tokens(todo)
             for i, text in enumerate(todo):
                 vector = None if encoded.truncated[i] else np.ascontiguousarray(encoded.vectors[i])
-                result[text] = Embedding(vector, guard.extract(text))
+                result[text] = Embedding(vector, guard.extract(text), tokens[i])
         for text, embedding in result.items():
             self._recent.put(text, embedding)
         return result
 
+    def _tokens(self, texts: list[str]) -> list[bytes]:
+        if self._verifier is None:
+            return [b""] * len(texts)
+        return self._verifier.token_bytes(texts)
+
     def _put(self, items: Sequence[IndexItem]) -> int:
+        tokens = self._tokens([i.text for i in items])
         return sum(
-            self._index.put(i.namespace, i.entry_id, i.vector, guard.extract(i.text)) for i in items
+            self._index.put(i.namespace, i.entry_id, i.vector, guard.extract(i.text), t)
+            for i, t in zip(items, tokens, strict=True)
         )

@@ -25,6 +25,7 @@ from llm_cache.service import CacheServicer
 from llm_cache.stats import Stats
 from llm_cache.store import RedisStore
 from llm_cache.sync import IndexSync
+from llm_cache.verifier import Verifier, VerifierLoadError, default_verifier_dir
 from llm_common import server as common_server
 from llm_common.config import ConfigError
 from llm_common.redis_conn import cluster_client, is_cluster_url, verify_redis
@@ -61,6 +62,21 @@ def load_encoder(settings: SemanticSettings) -> Encoder:
         return Encoder(settings.model_dir or default_model_dir(), dtype=encoder_dtype(settings))
     except (EncoderLoadError, OSError, ImportError) as exc:
         raise ConfigError.for_variable("CACHE_ENCODER_DIR", str(exc)) from exc
+
+
+def load_verifier(settings: SemanticSettings) -> Verifier | None:
+    """The verifier when any tenant's mode uses it; ConfigError (naming
+    CACHE_VERIFIER_DIR) when it cannot load or does not fit the encoder."""
+    if not (settings.enabled and settings.verifier_needed):
+        return None
+    try:
+        return Verifier(
+            settings.verifier_dir or default_verifier_dir(),
+            settings.model_dir or default_model_dir(),
+            dtype=encoder_dtype(settings),
+        )
+    except (VerifierLoadError, EncoderLoadError, OSError, ImportError, ValueError) as exc:
+        raise ConfigError.for_variable("CACHE_VERIFIER_DIR", str(exc)) from exc
 
 
 def encoder_dtype(settings: SemanticSettings) -> torch.dtype:
@@ -156,7 +172,9 @@ def _engine(settings: SemanticSettings, encoder: Encoder | None) -> SemanticEngi
         prefilter_min_rows=settings.prefilter_min_rows,
         prefilter_keep=settings.prefilter_keep,
     )
-    return SemanticEngine(encoder, index, max_batch=settings.max_batch)
+    return SemanticEngine(
+        encoder, index, max_batch=settings.max_batch, verifier=load_verifier(settings)
+    )
 
 
 def build_spec(app: CacheApp) -> ServiceSpec:

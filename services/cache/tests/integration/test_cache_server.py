@@ -92,7 +92,7 @@ async def test_different_output_parameters_never_share_an_entry(
 
 async def test_semantic_hits_stay_within_the_parameter_class(served, req) -> None:
     await served.stub.Store(req.store(req.key("How can I learn to play the guitar quickly?")))
-    paraphrase = "What is the fastest way to learn guitar?"
+    paraphrase = "What is the quickest way to learn to play the guitar?"
 
     other_class = await served.stub.Lookup(
         req.lookup(req.key(paraphrase, max_tokens=32), threshold=0.7)
@@ -187,7 +187,7 @@ async def test_a_paraphrase_gets_a_semantic_hit(served, req) -> None:
     await served.stub.Store(req.store(req.key("How can I learn to play the guitar quickly?")))
 
     found = await served.stub.Lookup(
-        req.lookup(req.key("What is the fastest way to learn guitar?"), threshold=0.7)
+        req.lookup(req.key("What is the quickest way to learn to play the guitar?"), threshold=0.7)
     )
 
     assert found.kind == pb.HIT_KIND_SEMANTIC
@@ -199,7 +199,8 @@ async def test_a_paraphrase_gets_a_semantic_hit(served, req) -> None:
 async def test_two_questions_need_the_question_margin(
     make_settings, serve_cache, req, margin: float, expected: str
 ) -> None:
-    async with serve_cache(make_settings(question_margin=margin)) as served:
+    settings = make_settings(question_margin=margin, verifier="off")  # the rule guard's margin
+    async with serve_cache(settings) as served:
         await served.stub.Store(req.store(req.key("How can I learn to play the guitar quickly?")))
         found = await served.stub.Lookup(
             req.lookup(req.key("What is the fastest way to learn guitar?"), threshold=0.75)
@@ -239,16 +240,59 @@ async def test_semantic_lookup_is_opt_in_and_threshold_overridable(served, req) 
     ],
 )  # fmt: skip
 async def test_negated_changed_or_reversed_prompts_do_not_hit(
-    served, req, stored, query, check
+    make_settings, serve_cache, req, stored, query, check
 ) -> None:
+    async with serve_cache(make_settings(verifier="off")) as served:  # the rule guard alone
+        await served.stub.Store(req.store(req.key(stored)))
+        found = await served.stub.Lookup(req.lookup(req.key(query), threshold=0.5))
+        stats = await served.stub.Stats(pb.StatsRequest(tenant_id="tenant-a"))
+
+    assert found.kind == pb.HIT_KIND_MISS
+    assert found.reason == f"guard_{check}"
+    assert stats.guard_rejections >= 1
+
+
+@pytest.mark.parametrize(
+    ("stored", "query", "reasons"),
+    [
+        ("Is it safe to eat raw eggs?", "Is it not safe to eat raw eggs?", {"guard_negation"}),
+        ("What was the GDP of France in 2019?", "What was the GDP of France in 2020?",
+         {"guard_number"}),
+        ("Is Rome older than Athens?", "Is Athens older than Rome?",
+         {"guard_direction", "guard_verifier"}),
+        ("Summarise the history of jazz as a table.", "Summarise the history of jazz as a poem.",
+         {"guard_verifier", "guard_similarity"}),
+        ("How do I archive a Slack channel?", "How do I delete a Slack channel?",
+         {"guard_verifier", "guard_similarity"}),
+    ],
+)  # fmt: skip
+async def test_the_verifier_refuses_near_misses(served, req, stored, query, reasons) -> None:
     await served.stub.Store(req.store(req.key(stored)))
 
     found = await served.stub.Lookup(req.lookup(req.key(query), threshold=0.5))
 
     assert found.kind == pb.HIT_KIND_MISS
-    assert found.reason == f"guard_{check}"
-    stats = await served.stub.Stats(pb.StatsRequest(tenant_id="tenant-a"))
-    assert stats.guard_rejections >= 1
+    assert found.reason in reasons
+
+
+async def test_each_tenant_gets_its_own_mode(make_settings, serve_cache, req) -> None:
+    settings = make_settings(question_margin=0.25, verifier_tenants=(("tenant-b", "off"),))
+    stored, query = (
+        "How can I learn to play the guitar quickly?",
+        "What is the quickest way to learn to play the guitar?",
+    )
+    async with serve_cache(settings) as served:
+        for tenant in ("tenant-a", "tenant-b"):
+            await served.stub.Store(req.store(req.key(stored, tenant=tenant)))
+        found = {
+            t: await served.stub.Lookup(req.lookup(req.key(query, tenant=t), threshold=0.75))
+            for t in ("tenant-a", "tenant-b")
+        }
+
+    # About 0.95 similar: the verifier (tenant-a, balanced) serves it; the rule guard alone
+    # (tenant-b) wants 0.75 + the 0.25 question margin.
+    assert found["tenant-a"].kind == pb.HIT_KIND_SEMANTIC
+    assert found["tenant-b"].reason == "guard_similarity"
 
 
 async def test_guard_can_be_switched_off(make_settings, serve_cache, req) -> None:
@@ -268,8 +312,8 @@ async def test_semantic_matching_keys_on_the_whole_conversation(served, req) -> 
                  (A, "He runs Microsoft.")]  # fmt: skip
     await served.stub.Store(req.store(req.key("How old is he?", history=history_a), "64"))
 
-    same = await served.stub.Lookup(req.lookup(req.key("What is his age?", history=history_a)))
-    other = await served.stub.Lookup(req.lookup(req.key("What is his age?", history=history_b)))
+    same = await served.stub.Lookup(req.lookup(req.key("how old is he", history=history_a)))
+    other = await served.stub.Lookup(req.lookup(req.key("how old is he", history=history_b)))
 
     assert same.kind == pb.HIT_KIND_SEMANTIC
     assert other.kind == pb.HIT_KIND_MISS
@@ -277,8 +321,8 @@ async def test_semantic_matching_keys_on_the_whole_conversation(served, req) -> 
 
 async def test_feedback_removes_the_entry_and_blocks_the_pair(served, req) -> None:
     stored_key = req.key("How can I learn to play the guitar quickly?")
-    query = req.key("What is the fastest way to learn guitar?")
-    other_query = req.key("How do I learn guitar fast?")
+    query = req.key("What is the quickest way to learn to play the guitar?")
+    other_query = req.key("How do I learn to play the guitar quickly?")
     await served.stub.Store(req.store(stored_key))
     hit = await served.stub.Lookup(req.lookup(query, threshold=0.7))
     assert hit.kind == pb.HIT_KIND_SEMANTIC

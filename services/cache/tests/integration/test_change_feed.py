@@ -237,7 +237,7 @@ async def test_hits_say_when_they_expire(served, req) -> None:
 
     exact = await served.stub.Lookup(req.lookup(key))
     semantic = await served.stub.Lookup(
-        req.lookup(req.key("What is the fastest way to learn guitar?"), threshold=0.7)
+        req.lookup(req.key("What is the quickest way to learn to play the guitar?"), threshold=0.7)
     )
     miss = await served.stub.Lookup(req.lookup(req.key("Something else entirely")))
 

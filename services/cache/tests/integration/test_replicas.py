@@ -12,7 +12,7 @@ from llmapi.cache.v1 import cache_service_pb2 as pb
 pytestmark = pytest.mark.integration
 
 STORED = "How can I learn to play the guitar quickly?"
-PARAPHRASE = "What is the fastest way to learn guitar?"
+PARAPHRASE = "What is the quickest way to learn to play the guitar?"
 
 
 async def _eventually(check, timeout_s: float = 5.0) -> None:
