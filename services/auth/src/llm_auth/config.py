@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Self
 
 from llm_auth.apikeys import MalformedKeyError, parse_key
+from llm_auth.failure_throttle import ThrottleSettings
 from llm_common.config import (
     ConfigError,
     ServerSettings,
@@ -211,6 +212,7 @@ class Settings:
     edge_port: int | None = None
     # Envoy's ext_authz over HTTP/1.1 (see llm_auth.http_authz); None = off, 0 = a free port.
     http_authz_port: int | None = None
+    failed_auth: ThrottleSettings = field(default_factory=ThrottleSettings)
 
     def __post_init__(self) -> None:
         if len(self.pepper) < MIN_PEPPER_BYTES:
@@ -270,7 +272,16 @@ class Settings:
             max_lease_ttl_s=env_float(environ, "AUTH_MAX_LEASE_TTL_S", 3600.0, min_value=1),
             edge_port=env_optional_port(environ, "AUTH_EDGE_PORT", None),
             http_authz_port=env_optional_port(environ, "AUTH_HTTP_AUTHZ_PORT", None),
+            failed_auth=_failed_auth(environ),
         )
+
+
+def _failed_auth(environ: Mapping[str, str]) -> ThrottleSettings:
+    return ThrottleSettings(
+        limit=env_int(environ, "AUTH_FAILED_AUTH_LIMIT", 20, min_value=0),
+        window_s=env_float(environ, "AUTH_FAILED_AUTH_WINDOW_S", 60.0, min_value=1),
+        max_tracked=env_int(environ, "AUTH_FAILED_AUTH_MAX_TRACKED", 100_000, min_value=1),
+    )
 
 
 def _failure_mode(environ: Mapping[str, str]) -> FailureMode:

@@ -15,10 +15,12 @@ from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 from google.rpc import status_pb2
 
+from llm_auth.apikeys import MalformedKeyError, looks_like_key, parse_key
 from llm_auth.authenticator import Authenticator
+from llm_auth.failure_throttle import FailureThrottle, ThrottleSettings, retry_after_s
 from llm_auth.metrics import AuthMetrics
 from llm_auth.principal import Principal, authorize
-from llm_common.errors import ServiceError, Unauthenticated
+from llm_common.errors import QuotaExceeded, QuotaViolation, ServiceError, Unauthenticated
 
 Context = grpc.aio.ServicerContext[Any, Any]
 CREDENTIAL_HEADERS = ("authorization", "x-api-key")
@@ -46,8 +48,50 @@ _HTTP_STATUS = {
     grpc.StatusCode.UNAUTHENTICATED: 401,
     grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNAVAILABLE: 503,
 }
+# Where the HTTP check learns the client's address: Envoy's edge (use_remote_address) sets the
+# first for external clients, overwriting any a client sent, and appends the peer to the second.
+EXTERNAL_ADDRESS_HEADER = "x-envoy-external-address"
+FORWARDED_FOR_HEADER = "x-forwarded-for"
+THROTTLED_REASON = "AUTH_FAILURES_THROTTLED"
+
+
+class AuthThrottled(QuotaExceeded):
+    """RESOURCE_EXHAUSTED + QuotaFailure + RetryInfo: too many failed authentications."""
+
+    reason = THROTTLED_REASON
+
+    def __init__(self, subject: str, wait_s: float, settings: ThrottleSettings) -> None:
+        retry = retry_after_s(wait_s)
+        limit = f"more than {settings.limit} failed authentications in {settings.window_s:g} s"
+        super().__init__(
+            [QuotaViolation(subject, limit)],
+            retry_after_s=retry,
+            message=f"too many failed authentications; retry after {retry:g} s",
+        )
+
+
+def client_address(headers: Mapping[str, str], source: str = "") -> str:
+    """The caller's address: Envoy's source attribute (gRPC Check), else the edge's
+    x-envoy-external-address, else the last x-forwarded-for hop (the one the edge appended);
+    "" when none is known (such callers are throttled per key id only)."""
+    if source:
+        return source
+    external = headers.get(EXTERNAL_ADDRESS_HEADER, "").strip()
+    if external:
+        return external
+    return headers.get(FORWARDED_FOR_HEADER, "").rpartition(",")[2].strip()
+
+
+def _key_id(credential: str | None) -> str | None:
+    if credential is None or not looks_like_key(credential):
+        return None
+    try:
+        return parse_key(credential).key_id
+    except MalformedKeyError:
+        return None
 
 
 def request_headers(http: Any) -> dict[str, str]:
@@ -230,7 +274,8 @@ def denial(err: ServiceError, *, grpc_request: bool) -> Denial:
 def denied(d: Denial) -> Any:
     """The CheckResponse for a failed check."""
     return authz_pb.CheckResponse(
-        status=status_pb2.Status(code=d.error.code.value[0], message=d.error.message),
+        # The rich status (ErrorInfo, QuotaFailure, RetryInfo) for callers that read it.
+        status=d.error.to_proto(),
         denied_response=authz_pb.DeniedHttpResponse(
             status=http_status_pb2.HttpStatus(code=d.http_status),
             headers=[_header(name, value) for name, value in d.headers],
@@ -255,8 +300,11 @@ class AuthorizationServicer:
         public_paths: Sequence[str],
         metrics: AuthMetrics,
         rates: RequestRates,
+        throttle: FailureThrottle | None = None,
     ) -> None:
         self._auth = authenticator
+        # None: no throttling (Settings turn it on by default for the server).
+        self._throttle = throttle or FailureThrottle(ThrottleSettings(limit=0))
         self._public = frozenset(public_paths)
         self._metrics = metrics
         self.rates = rates
@@ -273,11 +321,14 @@ class AuthorizationServicer:
     async def Check(self, request: Any, context: Context) -> bytes:  # noqa: N802
         http = request.attributes.request.http
         extensions = request.attributes.context_extensions
+        headers = request_headers(http)
+        source = request.attributes.source.address.socket_address.address
         decision = await self.decide(
             http.path,
-            request_headers(http),
+            headers,
             required_scopes(extensions),
             extensions.get("model", ""),
+            client=client_address(headers, source),
         )
         if decision is None:
             return self._public_reply
@@ -287,23 +338,48 @@ class AuthorizationServicer:
         return self._allowed.get(decision)
 
     async def decide(
-        self, path: str, headers: Mapping[str, str], scopes: Sequence[str], route_model: str
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        scopes: Sequence[str],
+        route_model: str,
+        *,
+        client: str = "",
     ) -> Principal | Denial | None:
         """The caller's principal; a Denial; or None for a public path (no credential needed).
-        The model is the route's (`route_model`) or the `x-model` header's."""
+        The model is the route's (`route_model`) or the `x-model` header's; `client` is the
+        caller's address, for failed-authentication throttling."""
         if path.partition("?")[0] in self._public:
             self._metrics.ext_authz_answer(200)
             return None
+        wait = self._throttle.address_wait_s(client)
+        if wait > 0:
+            return self._deny(self._throttled("address", client, wait), headers)
+        credential: str | None = None
         try:
-            principal = await self._auth.authenticate(credential_from(headers))
+            credential = credential_from(headers)
+            principal = await self._auth.authenticate(credential)
             model = route_model or headers.get(MODEL_HEADER, "")
             # A model name longer than any real one cannot be allowed; cut it to bound work.
             authorize(principal, scopes, model[:MAX_MODEL_CHARS])
+        except Unauthenticated as err:
+            key_id = _key_id(credential)
+            key_wait = self._throttle.failed(client, key_id)
+            if key_wait > 0 and key_id is not None:
+                return self._deny(self._throttled("key", key_id, key_wait), headers)
+            return self._deny(err, headers)
         except ServiceError as err:
-            content_type = headers.get(CONTENT_TYPE_HEADER) or headers.get("content-type", "")
-            grpc_request = content_type.startswith("application/grpc")
-            d = denial(err, grpc_request=grpc_request)
-            self._metrics.ext_authz_answer(d.http_status)
-            return d
+            return self._deny(err, headers)
         self._metrics.ext_authz_answer(200)
         return principal
+
+    def _throttled(self, scope: str, subject: str, wait_s: float) -> AuthThrottled:
+        self._metrics.auth_throttled(scope)
+        return AuthThrottled(f"{scope}:{subject}", wait_s, self._throttle.settings)
+
+    def _deny(self, err: ServiceError, headers: Mapping[str, str]) -> Denial:
+        content_type = headers.get(CONTENT_TYPE_HEADER) or headers.get("content-type", "")
+        grpc_request = content_type.startswith("application/grpc")
+        d = denial(err, grpc_request=grpc_request)
+        self._metrics.ext_authz_answer(d.http_status)
+        return d

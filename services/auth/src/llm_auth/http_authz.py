@@ -37,6 +37,7 @@ from llm_auth.extauthz import (
     AuthorizationServicer,
     Denial,
     RequestRates,
+    client_address,
     identity_headers,
 )
 from llm_auth.principal import Principal
@@ -196,7 +197,10 @@ class HttpAuthorizer:
             else None
         )
         try:
-            decision = await self._authz.decide(request.path, request.headers, request.scopes, "")
+            client = client_address(request.headers)
+            decision = await self._authz.decide(
+                request.path, request.headers, request.scopes, "", client=client
+            )
             if decision is None:
                 return PUBLIC_REPLY
             if isinstance(decision, Denial):

@@ -43,6 +43,13 @@ class AuthMetrics:
             ["status"],
             registry=registry,
         )
+        self.auth_throttles = Counter(
+            "llm_auth_failed_auth_throttled",
+            "Checks answered 429 after too many failed authentications, by scope: address "
+            "(refused before the credential is checked) or key (a key id's failed attempts).",
+            ["scope"],
+            registry=registry,
+        )
         # Label values are few (credential types x outcomes, HTTP statuses).
         self._children: dict[tuple[str, str], Counter] = {}
         self._ext_authz_children: dict[int, Counter] = {}
@@ -65,6 +72,9 @@ class AuthMetrics:
 
     def limit_failure(self, kind: str, mode: str) -> None:
         self.limit_failures.labels(kind, mode).inc()
+
+    def auth_throttled(self, scope: str) -> None:
+        self.auth_throttles.labels(scope).inc()
 
     def ext_authz_answer(self, status: int) -> None:
         child = self._ext_authz_children.get(status)

@@ -16,6 +16,7 @@ from llm_auth.bootstrap import ensure_admin_key, ensure_admin_key_with_retry
 from llm_auth.config import Settings
 from llm_auth.edge import EdgeServer, add_envoy_services, start_edge_server
 from llm_auth.extauthz import AuthorizationServicer, RequestRates
+from llm_auth.failure_throttle import FailureThrottle
 from llm_auth.http_authz import HttpAuthzServer, start_http_authz
 from llm_auth.jwt_verify import JwtVerifier
 from llm_auth.key_admin import KeyAdmin
@@ -98,7 +99,11 @@ class AuthApp:
         )
         rates = RequestRates(tenant_per_minute=settings.limits.tenant_requests_per_minute)
         self.authz = AuthorizationServicer(
-            self.authenticator, settings.public_paths, self.metrics, rates
+            self.authenticator,
+            settings.public_paths,
+            self.metrics,
+            rates,
+            FailureThrottle(settings.failed_auth),
         )
         self.rls = RateLimitServicer(RateLimitPolicy(self.quotas))
         self.edge: EdgeServer | None = None
