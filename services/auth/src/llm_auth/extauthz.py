@@ -51,6 +51,17 @@ _HTTP_STATUS = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
     grpc.StatusCode.UNAVAILABLE: 503,
 }
+# HTTP status -> OpenAI's error type and code (None: the denial's reason, lower-cased), as the
+# router's OpenAI front end answers the same statuses.
+_OPENAI_ERRORS: dict[int, tuple[str, str | None]] = {
+    400: ("invalid_request_error", None),
+    401: ("authentication_error", "invalid_api_key"),
+    403: ("permission_error", None),
+    429: ("rate_limit_error", "rate_limit_exceeded"),
+    503: ("server_error", None),
+}
+# The OpenAI-compatible API: denials there carry OpenAI's error object.
+OPENAI_PATH_PREFIX = "/v1/"
 # Where the HTTP check learns the client's address: Envoy's edge (use_remote_address) sets the
 # first for external clients, overwriting any a client sent, and appends the peer to the second.
 EXTERNAL_ADDRESS_HEADER = "x-envoy-external-address"
@@ -256,9 +267,10 @@ class Denial:
     body: str
 
 
-def denial(err: ServiceError, *, grpc_request: bool) -> Denial:
+def denial(err: ServiceError, *, grpc_request: bool, openai: bool = False) -> Denial:
     """The HTTP answer to a failed check, with a body clients can read: JSON for HTTP
-    clients, the plain message for gRPC ones (it becomes grpc-message)."""
+    clients (OpenAI's error object on the OpenAI API, `openai`), the plain message for gRPC
+    ones (it becomes grpc-message)."""
     http_status = _HTTP_STATUS.get(err.code, 403)
     reason = str(getattr(err, "reason", err.code.name))
     headers = [("content-type", "text/plain" if grpc_request else "application/json")]
@@ -267,7 +279,12 @@ def denial(err: ServiceError, *, grpc_request: bool) -> Denial:
     retry_after = getattr(err, "retry_after_s", None)
     if retry_after is not None:
         headers.append(("retry-after", str(max(1, math.ceil(retry_after)))))
-    body = f"{err.message} ({reason})" if grpc_request else _json_body(http_status, err, reason)
+    if grpc_request:
+        body = f"{err.message} ({reason})"
+    elif openai:
+        body = _openai_body(http_status, err, reason)
+    else:
+        body = _json_body(http_status, err, reason)
     return Denial(err, http_status, headers, body)
 
 
@@ -282,6 +299,14 @@ def denied(d: Denial) -> Any:
             body=d.body,
         ),
     )
+
+
+def _openai_body(http_status: int, err: ServiceError, reason: str) -> str:
+    """OpenAI's {"error": {"message", "type", "param", "code"}}, with OpenAI's codes where it
+    has one (so OpenAI SDKs and litellm classify the error), else our reason."""
+    kind, code = _OPENAI_ERRORS.get(http_status, ("server_error", None))
+    error = {"message": err.message, "type": kind, "param": None, "code": code or reason.lower()}
+    return json.dumps({"error": error})
 
 
 def _json_body(http_status: int, err: ServiceError, reason: str) -> str:
@@ -354,7 +379,7 @@ class AuthorizationServicer:
             return None
         wait = self._throttle.address_wait_s(client)
         if wait > 0:
-            return self._deny(self._throttled("address", client, wait), headers)
+            return self._deny(self._throttled("address", client, wait), headers, path)
         credential: str | None = None
         try:
             credential = credential_from(headers)
@@ -366,10 +391,10 @@ class AuthorizationServicer:
             key_id = _key_id(credential)
             key_wait = self._throttle.failed(client, key_id)
             if key_wait > 0 and key_id is not None:
-                return self._deny(self._throttled("key", key_id, key_wait), headers)
-            return self._deny(err, headers)
+                return self._deny(self._throttled("key", key_id, key_wait), headers, path)
+            return self._deny(err, headers, path)
         except ServiceError as err:
-            return self._deny(err, headers)
+            return self._deny(err, headers, path)
         self._metrics.ext_authz_answer(200)
         return principal
 
@@ -377,9 +402,9 @@ class AuthorizationServicer:
         self._metrics.auth_throttled(scope)
         return AuthThrottled(f"{scope}:{subject}", wait_s, self._throttle.settings)
 
-    def _deny(self, err: ServiceError, headers: Mapping[str, str]) -> Denial:
+    def _deny(self, err: ServiceError, headers: Mapping[str, str], path: str) -> Denial:
         content_type = headers.get(CONTENT_TYPE_HEADER) or headers.get("content-type", "")
         grpc_request = content_type.startswith("application/grpc")
-        d = denial(err, grpc_request=grpc_request)
+        d = denial(err, grpc_request=grpc_request, openai=path.startswith(OPENAI_PATH_PREFIX))
         self._metrics.ext_authz_answer(d.http_status)
         return d

@@ -201,13 +201,18 @@ async def test_http_clients_get_a_json_denial_body(stack: Stack) -> None:
     assert status == 401
     assert headers["www-authenticate"].startswith("Bearer")
     error = json.loads(body)["error"]
+    # The OpenAI API's denials are OpenAI's error object (issue 32, finding 6).
     assert error == {
-        "code": 401,
-        "status": "UNAUTHENTICATED",
-        "reason": "CREDENTIAL_MISSING",
         "message": error["message"],
+        "type": "authentication_error",
+        "param": None,
+        "code": "invalid_api_key",
     }
     assert "x-api-key" in error["message"]
+    # Elsewhere the rich shape stays.
+    status, _, body = await http_request("127.0.0.1", stack.port, "GET", "/echo.Echo/Headers")
+    assert status == 401
+    assert json.loads(body)["error"]["reason"] == "CREDENTIAL_MISSING"
 
 
 async def test_valid_jwts_pass(stack: Stack) -> None:

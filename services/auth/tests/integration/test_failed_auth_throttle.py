@@ -84,7 +84,7 @@ async def test_bad_keys_from_one_address_get_429_after_the_limit(auth: AuthHarne
     assert status == 429
     assert 1 <= int(headers["retry-after"]) <= 60
     error = json.loads(body)["error"]
-    assert error["reason"] == "AUTH_FAILURES_THROTTLED"
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
     assert "failed authentications" in error["message"]
     # The address is refused before any credential is checked, a valid one included ...
     assert (await http_check(auth, good.text, ATTACKER))[0] == 429

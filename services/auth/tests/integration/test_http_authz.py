@@ -87,7 +87,7 @@ async def test_keep_alive_answers_each_request_with_the_shared_decision(
         )
         assert status == 403
         assert headers["content-type"] == "application/json"
-        assert b"SCOPE" in body
+        assert b"scope_missing" in body  # OpenAI's error object on /v1 (code = the reason)
         # A body (with_request_body) is read past, and health checks need no credential.
         status, headers, _ = await conn.ask("/authz/healthz", body=b"ignored")
         assert status == 200

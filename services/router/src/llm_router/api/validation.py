@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from llm_common.errors import FieldViolation, InvalidArgument
+from google.rpc import error_details_pb2
+
+from llm_common.errors import DEFAULT_DOMAIN, FieldViolation, InvalidArgument
 from llm_common.validation import Violations, check_range, check_repeated, check_text, utf8_length
 from llm_router.api.sampling_checks import check_generation_options
 from llm_router.api.tool_checks import check_tool_messages, check_tools
@@ -151,6 +153,21 @@ def check_messages(
         v.add("messages", "at least one message must have content")
 
 
+CONTEXT_LENGTH_EXCEEDED = "CONTEXT_LENGTH_EXCEEDED"
+
+
+class ContextLengthExceeded(InvalidArgument):
+    """INVALID_ARGUMENT + BadRequest + ErrorInfo CONTEXT_LENGTH_EXCEEDED: the OpenAI front end
+    answers it as OpenAI does (400, code `context_length_exceeded`, "maximum context length"
+    in the message), which OpenAI-compatible clients such as litellm recognise."""
+
+    def __init__(self, violation: FieldViolation, context_length: int) -> None:
+        message = f"This model's maximum context length is {context_length} tokens"
+        super().__init__([violation], message)
+        info = error_details_pb2.ErrorInfo(reason=CONTEXT_LENGTH_EXCEEDED, domain=DEFAULT_DOMAIN)
+        self.details = (*self.details, info)
+
+
 def check_max_tokens(
     sampling: common_pb2.SamplingParams,
     prompt_tokens: int,
@@ -163,26 +180,24 @@ def check_max_tokens(
     completion fit the context. INVALID_ARGUMENT when the prompt or max_tokens do not fit."""
     room = context_length - prompt_tokens
     if room < 1:
-        raise InvalidArgument(
-            [
-                FieldViolation(
-                    prompt_field,
-                    f"the prompt has {prompt_tokens} tokens; the model's context is "
-                    f"{context_length} tokens including at least one generated token",
-                )
-            ]
+        raise ContextLengthExceeded(
+            FieldViolation(
+                prompt_field,
+                f"the prompt has {prompt_tokens} tokens; the model's context is "
+                f"{context_length} tokens including at least one generated token",
+            ),
+            context_length,
         )
     if not sampling.HasField("max_tokens"):
         return min(default_max_tokens, room)
     if sampling.max_tokens > room:
-        raise InvalidArgument(
-            [
-                FieldViolation(
-                    "sampling.max_tokens",
-                    f"prompt ({prompt_tokens} tokens) + max_tokens ({sampling.max_tokens}) "
-                    f"exceeds the model's context length ({context_length})",
-                )
-            ]
+        raise ContextLengthExceeded(
+            FieldViolation(
+                "sampling.max_tokens",
+                f"prompt ({prompt_tokens} tokens) + max_tokens ({sampling.max_tokens}) "
+                f"exceeds the model's context length ({context_length})",
+            ),
+            context_length,
         )
     return sampling.max_tokens
 
