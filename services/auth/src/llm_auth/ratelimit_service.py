@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -12,12 +14,16 @@ from envoy.service.ratelimit.v3 import rls_pb2
 from envoy.service.ratelimit.v3 import rls_pb2_grpc as rls_grpc
 from google.protobuf import duration_pb2
 
-from llm_auth.descriptors import SECONDS_UNIT, parse_request
+from llm_auth.descriptors import SECONDS_UNIT, Descriptor, parse_request
 from llm_auth.rls import RateLimitPolicy, Verdict
+from llm_common.errors import QuotaExceeded, QuotaViolation
 
 Context = grpc.aio.ServicerContext[Any, Any]
 _OK = rls_pb2.RateLimitResponse.OK
 _OVER_LIMIT = rls_pb2.RateLimitResponse.OVER_LIMIT
+# gRPC's rich-status trailer: Envoy adds response_headers_to_add to its local reply, which for
+# a gRPC call is trailers-only, so the client reads QuotaFailure and RetryInfo from it.
+STATUS_DETAILS_HEADER = "grpc-status-details-bin"
 
 
 class RateLimitServicer(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc]
@@ -37,11 +43,40 @@ class RateLimitServicer(rls_grpc.RateLimitServiceServicer):  # type: ignore[misc
             statuses=[_status(v) for v in verdicts],
         )
         if over:
-            retry_after = max(1, math.ceil(max(v.retry_after_s for v in over)))
-            response.response_headers_to_add.append(
-                base_pb2.HeaderValue(key="retry-after", value=str(retry_after))
-            )
+            _explain(response, descriptors, verdicts)
         return response
+
+
+def _explain(response: Any, descriptors: Sequence[Descriptor], verdicts: Sequence[Verdict]) -> None:
+    """An over-limit answer says why and when to retry: `retry-after`, a body (Envoy's local
+    reply body, grpc-message for gRPC callers) and the rich status with RetryInfo."""
+    over = [(d, v) for d, v in zip(descriptors, verdicts, strict=True) if not v.allowed]
+    retry_after = max(1, math.ceil(max(v.retry_after_s for _, v in over)))
+    error = QuotaExceeded(
+        [QuotaViolation(_subject(d), _limit(v)) for d, v in over],
+        retry_after_s=float(retry_after),
+        message=f"rate limit exceeded; retry after {retry_after} s",
+    )
+    details = base64.b64encode(error.to_proto().SerializeToString()).decode("ascii")
+    response.response_headers_to_add.extend(
+        [
+            base_pb2.HeaderValue(key="retry-after", value=str(retry_after)),
+            base_pb2.HeaderValue(key=STATUS_DETAILS_HEADER, value=details),
+        ]
+    )
+    response.raw_body = error.message.encode()
+
+
+def _subject(descriptor: Descriptor) -> str:
+    """`key:<id>` or `tenant:<id>` (never a credential: descriptors carry ids only)."""
+    key_id, tenant = descriptor.get("key_id"), descriptor.get("tenant")
+    return f"key:{key_id}" if key_id else f"tenant:{tenant or '-'}"
+
+
+def _limit(verdict: Verdict) -> str:
+    if verdict.limit <= 0:
+        return "rate limit"
+    return f"{verdict.limit} per {verdict.period_s:g} s"
 
 
 def _status(verdict: Verdict) -> Any:

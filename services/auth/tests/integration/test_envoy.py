@@ -33,6 +33,7 @@ from llm_auth.testing import (
     unique_prefix,
     with_http_authz,
 )
+from llm_common.errors import parse_error
 from llm_testing import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="module")]
@@ -300,6 +301,24 @@ async def test_key_rate_limit_through_the_rate_limit_service(stack: Stack) -> No
     # Another key of the same tenant has its own bucket.
     _, other = await stack.auth.create_key(t, limits=KeyLimits(requests_per_minute=3))
     await stack.call("/echo.Limited/Headers", [("x-api-key", other.text)])
+
+
+@pytest.mark.security
+async def test_rate_limited_calls_carry_a_message_and_retry_info(stack: Stack) -> None:
+    """Issue 32, finding 6: RESOURCE_EXHAUSTED from the edge's rate limit says why and when
+    to retry in google.rpc.RetryInfo, not only in a retry-after trailer."""
+    _, key = await stack.auth.create_key(tenant(), limits=KeyLimits(requests_per_minute=1))
+    method = stack.channel.unary_unary("/echo.Limited/Headers")
+    metadata = [("x-api-key", key.text)]
+    await method(b"{}", metadata=metadata, timeout=5)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await method(b"{}", metadata=metadata, timeout=5)
+    details = parse_error(caught.value)
+    assert details.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "rate limit" in (caught.value.details() or "")
+    assert details.retry_after_s is not None
+    assert 1 <= details.retry_after_s <= 60
+    assert details.quota_violations
 
 
 async def rate_limit_answers(stack: Stack) -> int:
