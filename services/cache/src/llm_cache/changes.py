@@ -1,17 +1,25 @@
-"""The replicas' change log: a Redis stream of entry ids that were stored or removed, which
-every replica publishes to and follows (for its semantic index and the WatchChanges feed)."""
+"""The replicas' change log: Redis streams of entry ids that were stored or removed, which
+every replica publishes to and follows (for its semantic index and the WatchChanges feed).
+
+The log is sharded: a tenant's changes go to one of LOG_SHARDS streams (chosen by its tag),
+and each stream's hash tag lies in its own stretch of the 16,384 cluster slots, so on a Redis
+Cluster the appends of all tenants spread over the masters instead of making one hot slot.
+A tenant's changes stay in order (one stream); different tenants' may interleave.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
 import uuid
+import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from redis.exceptions import RedisError
 
 from llm_cache.metrics import CacheMetrics
@@ -22,7 +30,10 @@ from llm_common.resilience import Backoff
 # Ops: stored and indexed by its origin ("a"), stored without a vector there ("p"), removed
 # ("d"). Whatever the op, the id's content changed: copies of it elsewhere are stale.
 ADD, PUT, DROP = "a", "p", "d"
-LOG_MAX_EVENTS = 100_000  # approximate stream length kept for replicas that fall behind
+# Eight streams: more than the masters of a typical cluster (so each gets some), few enough
+# that following them (one blocking read each) costs a replica eight connections.
+LOG_SHARDS = 8
+LOG_MAX_EVENTS = 100_000  # approximate events kept over all shards, for replicas that fall behind
 IDS_PER_EVENT = 1000  # a tenant-wide invalidation becomes many small events, not one huge one
 # Events whose append failed, appended again before each read. A change that never reaches
 # the log leaves stale copies in every caller's near cache until their own TTL.
@@ -32,6 +43,27 @@ MAX_UNSENT_EVENTS = 10_000
 READ_BLOCK_MS = 900
 _READ_COUNT = 256
 _log = get_logger(__name__)
+
+
+def log_streams(key_prefix: str, shards: int = LOG_SHARDS) -> tuple[str, ...]:
+    """The shards' stream keys: shard i's hash tag is the first `log-i-<n>` whose slot lies in
+    the i-th of `shards` equal stretches of the slot space (contiguous slot ranges, as
+    clusters assign them, then hold shards in proportion)."""
+    streams = []
+    for shard in range(shards):
+        low = shard * REDIS_CLUSTER_HASH_SLOTS // shards
+        high = (shard + 1) * REDIS_CLUSTER_HASH_SLOTS // shards
+        for n in itertools.count():
+            tag = f"{{log-{shard}-{n}}}"
+            if low <= key_slot(tag.encode()) < high:
+                streams.append(f"{key_prefix}log:{tag}")
+                break
+    return tuple(streams)
+
+
+def shard_of(tag: str, shards: int = LOG_SHARDS) -> int:
+    """The shard of a tenant's changes (stable across processes, unlike hash())."""
+    return zlib.crc32(tag.encode()) % shards
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,11 +106,15 @@ class ChangeLog:
     ) -> None:
         self._store = store
         self._follower = follower
-        self._stream = f"{key_prefix}log"
+        self.streams = log_streams(key_prefix)
+        self._max_per_stream = LOG_MAX_EVENTS // len(self.streams)
         self._metrics = metrics
         self._backoff = backoff or Backoff(base=0.25, cap=5.0, jitter=0.25)
         self._listeners: list[ChangeListener] = []
-        self._unsent: deque[dict[str, str]] = deque()
+        self._unsent: deque[_Unsent] = deque()
+        self._telling = asyncio.Lock()  # one shard's read reaches the listeners at a time
+        self._stopped = False
+        self._resending = asyncio.Lock()
         self.origin = uuid.uuid4().hex
         self.positioned = asyncio.Event()  # set once the start position is known
 
@@ -93,24 +129,34 @@ class ChangeLog:
             return
         chunks = (entry_ids[i : i + IDS_PER_EVENT] for i in range(0, len(entry_ids), IDS_PER_EVENT))
         events = [{"o": self.origin, "op": op, "t": tag, "ids": ",".join(c)} for c in chunks]
+        stream = self.streams[shard_of(tag, len(self.streams))]
         try:
-            await self._store.append_log(self._stream, events, LOG_MAX_EVENTS)
+            await self._store.append_log(stream, events, self._max_per_stream)
         except StoreUnavailable:
             self._metrics.sync_errors.inc()
-            self._keep(events)
+            self._keep(stream, events)
+
+    def stop(self) -> None:
+        """End following within one blocking read (READ_BLOCK_MS). Closing relies on this,
+        not on cancelling alone: a cancellation that lands as redis-py's socket timeout
+        expires can be turned into a TimeoutError, which a follower would retry forever."""
+        self._stopped = True
 
     async def run(self) -> None:
-        """Follow the log until cancelled, retrying with backoff while Redis fails."""
-        position: str | None = None
+        """Follow every shard until stopped or cancelled, retrying with backoff while Redis
+        fails."""
+        positions = await self._start_positions()
+        self.positioned.set()
+        await self._tell([])  # every change from here on will be read
+        async with asyncio.TaskGroup() as group:
+            for stream, position in zip(self.streams, positions, strict=True):
+                group.create_task(self._follow(stream, position))
+
+    async def _start_positions(self) -> list[str]:
         failures = 0
         while True:
             try:
-                if position is None:
-                    position = await self._last_position()
-                    self.positioned.set()
-                    await self._tell([])  # every change from here on will be read
-                position = await self._read(position)
-                failures = 0
+                return [await self._last_position(stream) for stream in self.streams]
             except (RedisError, OSError, StoreUnavailable) as exc:
                 failures += 1
                 await self._interrupted(failures, type(exc).__name__)
@@ -119,10 +165,24 @@ class ChangeLog:
                 failures += 1
                 await self._interrupted(failures, "unexpected")
 
-    async def _read(self, position: str) -> str:
+    async def _follow(self, stream: str, position: str) -> None:
+        failures = 0
+        while not self._stopped:
+            try:
+                position = await self._read(stream, position)
+                failures = 0
+            except (RedisError, OSError, StoreUnavailable) as exc:
+                failures += 1
+                await self._interrupted(failures, type(exc).__name__)
+            except Exception:
+                _log.exception("change log follower failed")
+                failures += 1
+                await self._interrupted(failures, "unexpected")
+
+    async def _read(self, stream: str, position: str) -> str:
         await self._resend()
         reply: Any = await self._follower.xread(
-            {self._stream: position}, count=_READ_COUNT, block=READ_BLOCK_MS
+            {stream: position}, count=_READ_COUNT, block=READ_BLOCK_MS
         )
         changes = []
         for _, events in reply or ():
@@ -135,8 +195,9 @@ class ChangeLog:
         return position
 
     async def _tell(self, changes: list[Change]) -> None:
-        for listener in self._listeners:
-            await listener.changed(changes)
+        async with self._telling:
+            for listener in self._listeners:
+                await listener.changed(changes)
 
     async def _interrupted(self, failures: int, error: str) -> None:
         self._metrics.sync_errors.inc()
@@ -146,30 +207,44 @@ class ChangeLog:
         _log.warning("change log read failed", error=error, retry_in_s=delay)
         await asyncio.sleep(delay)
 
-    def _keep(self, events: list[dict[str, str]]) -> None:
+    def _keep(self, stream: str, events: list[dict[str, str]]) -> None:
         if len(self._unsent) + len(events) > MAX_UNSENT_EVENTS:
             self._metrics.changes_lost.inc(len(events))
             return
-        self._unsent.extend(events)
+        self._unsent.extend(_Unsent(stream, fields) for fields in events)
 
     async def _resend(self) -> None:
-        """Append the kept events. Only the follower pops them, after they were appended;
-        publishers only add at the other end meanwhile."""
-        count = len(self._unsent)
-        if not count:
+        """Append the kept events, by stream. One reader at a time pops them, after they
+        were appended; publishers only add at the other end meanwhile. When one stream's
+        append fails after another's succeeded, the latter's events are appended again
+        later: a change heard twice only invalidates twice."""
+        if not self._unsent or self._resending.locked():
             return
-        try:
-            events = list(itertools.islice(self._unsent, count))
-            await self._store.append_log(self._stream, events, LOG_MAX_EVENTS)
-        except StoreUnavailable:
-            self._metrics.sync_errors.inc()
-            return
-        for _ in range(count):
-            self._unsent.popleft()
+        async with self._resending:
+            count = len(self._unsent)
+            by_stream: dict[str, list[dict[str, str]]] = {}
+            for kept in itertools.islice(self._unsent, count):
+                by_stream.setdefault(kept.stream, []).append(kept.fields)
+            try:
+                for stream, events in by_stream.items():
+                    await self._store.append_log(stream, events, self._max_per_stream)
+            except StoreUnavailable:
+                self._metrics.sync_errors.inc()
+                return
+            for _ in range(count):
+                self._unsent.popleft()
 
-    async def _last_position(self) -> str:
-        last: Any = await self._follower.xrevrange(self._stream, count=1)
+    async def _last_position(self, stream: str) -> str:
+        last: Any = await self._follower.xrevrange(stream, count=1)
         return str(last[0][0].decode()) if last else "0-0"
+
+
+@dataclass(frozen=True, slots=True)
+class _Unsent:
+    """An event whose append failed, and the stream it belongs to."""
+
+    stream: str
+    fields: dict[str, str]
 
 
 def _parse(fields: dict[bytes, bytes]) -> Change | None:

@@ -151,6 +151,9 @@ class CacheApp:
 
     async def close(self) -> None:
         self.feed.close()
+        self.changes.stop()
+        if self._tasks:  # the change log's readers end within one blocking read
+            await asyncio.wait(self._tasks[:1], timeout=_FOLLOW_TIMEOUT_S)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

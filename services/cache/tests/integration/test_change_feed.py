@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio
 
 from llm_cache.canonical import tenant_tag
-from llm_cache.changes import DROP
+from llm_cache.changes import DROP, shard_of
 from llm_cache.config import Settings
 from llm_cache.feed import HEARTBEAT_INTERVAL_MS, MAX_IDS_PER_MESSAGE
 from llm_common.errors import parse_error
@@ -126,8 +126,9 @@ async def test_large_changes_arrive_in_bounded_messages(served, redis_client) ->
             assert len(message.entry_ids) <= MAX_IDS_PER_MESSAGE
             seen.update(message.entry_ids)
     assert seen == set(ids)
-    stream = f"{served.app.settings.redis.key_prefix}log"
-    assert await redis_client.xlen(stream) == 3  # 1000 ids per event
+    # One tenant's changes go to one shard of the log, 1000 ids per event.
+    stream = served.app.changes.streams[shard_of(tenant_tag("tenant-a"))]
+    assert await redis_client.xlen(stream) == 3
 
 
 async def test_streams_beyond_the_limit_are_refused(make_settings, serve_cache) -> None:
