@@ -12,7 +12,10 @@ from llm_common.cli import serve_service
 async def _start(settings: Settings) -> None:
     # Imported after logging is configured, so errors while importing are logged as JSON.
     from llm_auth.server import serve
+    from llm_common.audit import configure_audit
 
+    # Key administration is audited on its own stream, apart from the service's log.
+    configure_audit(os.environ)
     await serve(settings)
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -19,12 +20,15 @@ from llm_auth.convert import (
 )
 from llm_auth.key_admin import KeyAdmin
 from llm_auth.keystore import NewKey
-from llm_auth.principal import authorize
+from llm_auth.principal import Principal, authorize
 from llm_auth.quotas import Quotas
+from llm_common.audit import AuditEvent, AuditLog, caller_of
+from llm_common.errors import ServiceError
 from llmapi.auth.v1 import auth_service_pb2 as pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as pb_grpc
 
 Context = grpc.aio.ServicerContext[Any, Any]
+T = TypeVar("T")
 
 
 class AuthServicer(pb_grpc.AuthServiceServicer):
@@ -38,7 +42,9 @@ class AuthServicer(pb_grpc.AuthServiceServicer):
         admin: KeyAdmin,
         quotas: Quotas,
         settings: Settings,
+        audit: AuditLog | None = None,
     ) -> None:
+        self._audit = audit or AuditLog()
         self._auth = authenticator
         self._gate = gate
         self._admin = admin
@@ -58,7 +64,6 @@ class AuthServicer(pb_grpc.AuthServiceServicer):
         self, request: pb.CreateKeyRequest, context: Context
     ) -> pb.CreateKeyResponse:
         validation.check_create(request)
-        caller = await self._gate.caller(context)
         spec = NewKey(
             tenant_id=request.tenant_id,
             name=request.name,
@@ -68,18 +73,29 @@ class AuthServicer(pb_grpc.AuthServiceServicer):
             labels=dict(request.labels),
             ttl_ms=request.ttl.ToMilliseconds(),
         )
-        record, key = await self._admin.create(caller, spec)
-        return pb.CreateKeyResponse(key=api_key_pb(record), secret=key.text)
+        details: dict[str, str] = {"name": request.name, "scopes": ",".join(spec.scopes)}
+
+        async def create(caller: Principal) -> pb.CreateKeyResponse:
+            record, key = await self._admin.create(caller, spec)
+            details["key_id"] = record.key_id
+            return pb.CreateKeyResponse(key=api_key_pb(record), secret=key.text)
+
+        return await self._audited(
+            context, "key.create", f"tenant:{request.tenant_id}", create, details
+        )
 
     async def ListKeys(  # noqa: N802
         self, request: pb.ListKeysRequest, context: Context
     ) -> pb.ListKeysResponse:
         offset = validation.check_list(request)
-        caller = await self._gate.caller(context)
         page_size = request.page_size or validation.DEFAULT_PAGE_SIZE
-        page = await self._admin.list(
-            caller, request.tenant_id, offset, page_size, request.include_revoked
-        )
+
+        async def list_keys(caller: Principal) -> Any:
+            return await self._admin.list(
+                caller, request.tenant_id, offset, page_size, request.include_revoked
+            )
+
+        page = await self._audited(context, "key.list", f"tenant:{request.tenant_id}", list_keys)
         token = "" if page.next_offset is None else validation.encode_page_token(page.next_offset)
         return pb.ListKeysResponse(
             keys=[api_key_pb(r) for r in page.records], next_page_token=token
@@ -89,21 +105,62 @@ class AuthServicer(pb_grpc.AuthServiceServicer):
         self, request: pb.RevokeKeyRequest, context: Context
     ) -> pb.RevokeKeyResponse:
         validation.check_key_ref(request)
-        caller = await self._gate.caller(context)
-        record = await self._admin.revoke(caller, request.key_id)
-        return pb.RevokeKeyResponse(key=api_key_pb(record))
+
+        async def revoke(caller: Principal) -> pb.RevokeKeyResponse:
+            return pb.RevokeKeyResponse(key=api_key_pb(await self._admin.revoke(caller, key_id)))
+
+        key_id = request.key_id
+        return await self._audited(context, "key.revoke", f"key:{key_id}", revoke)
 
     async def RotateKey(  # noqa: N802
         self, request: pb.RotateKeyRequest, context: Context
     ) -> pb.RotateKeyResponse:
         grace_s = validation.check_rotate(request)
-        caller = await self._gate.caller(context)
-        record, key = await self._admin.rotate(caller, request.key_id, grace_s)
-        return pb.RotateKeyResponse(
-            key=api_key_pb(record),
-            secret=key.text,
-            old_secret_expires_at=timestamp_ms(record.previous_expires_at_ms),
-        )
+
+        async def rotate(caller: Principal) -> pb.RotateKeyResponse:
+            record, key = await self._admin.rotate(caller, request.key_id, grace_s)
+            return pb.RotateKeyResponse(
+                key=api_key_pb(record),
+                secret=key.text,
+                old_secret_expires_at=timestamp_ms(record.previous_expires_at_ms),
+            )
+
+        details = {"grace_s": f"{grace_s:g}"}
+        return await self._audited(context, "key.rotate", f"key:{request.key_id}", rotate, details)
+
+    async def _audited(
+        self,
+        context: Context,
+        action: str,
+        target: str,
+        run: Callable[[Principal], Awaitable[T]],
+        details: dict[str, str] | None = None,
+    ) -> T:
+        """`run` as the admin the call's credential names, audited whatever the outcome
+        (a refused credential too: who tried to administer keys matters most)."""
+        caller: Principal | None = None
+        outcome = "INTERNAL"
+        try:
+            caller = await self._gate.caller(context)
+            result = await run(caller)
+            outcome = "OK"
+            return result
+        except ServiceError as err:
+            outcome = err.code.name
+            raise
+        finally:
+            who = caller_of(context.invocation_metadata(), context.peer())
+            self._audit.record(
+                AuditEvent(
+                    action=action,
+                    actor=caller.key_id if caller else "-",
+                    actor_tenant=caller.tenant_id if caller else "-",
+                    target=target,
+                    outcome=outcome,
+                    source=who.source,
+                    details={**(details or {}), **who.source_details()},
+                )
+            )
 
     async def ReserveTokens(  # noqa: N802
         self, request: pb.ReserveTokensRequest, context: Context

@@ -15,6 +15,7 @@ from llm_billing.snapshot import export_snapshot, restore_snapshot
 from llm_billing.store import make_client
 from llm_billing.store_cli import STORE_COMMANDS, add_store_commands, run_store_command
 from llm_billing.workers import serve_workers
+from llm_common.audit import configure_audit
 from llm_common.logging import configure_logging
 
 
@@ -41,6 +42,7 @@ def run(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     args = parser().parse_args(argv)
     settings = Settings.from_env(environ)
     configure_logging(settings.server.service_name, settings.server.log_level)
+    configure_audit(environ)  # budget changes: their own stream, apart from the service's log
     if args.command == "export":
         count = _export(settings, args.output)
         print(f"exported {count} keys", file=sys.stderr)

@@ -22,6 +22,7 @@ from llm_billing.prices import Price
 from llm_billing.store import now_ms, store_errors
 from llm_billing.usage import UsageReader, UsageTotals
 from llm_billing.usage_store import UsageStoreParts, database_errors
+from llm_common.audit import AuditLog, audited
 from llm_common.errors import FailedPrecondition, Internal, QuotaExceeded, ServiceError
 from llm_common.logging import get_logger
 from llmapi.billing.v1 import billing_service_pb2 as pb
@@ -48,7 +49,9 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         metrics: BillingMetrics,
         *,
         usage_store: UsageStoreParts | None = None,
+        audit: AuditLog | None = None,
     ) -> None:
+        self._audit = audit or AuditLog()
         self._ledger = ledger
         self._store = usage_store
         self._budgets = budgets
@@ -173,8 +176,15 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         self, request: pb.SetBudgetRequest, context: Context
     ) -> pb.SetBudgetResponse:
         limits = validation.budget_limits(request)
-        async with store_errors():
-            status = await self._budgets.set(limits)
+        target = f"budget:{limits.tenant_id}/{limits.key_id or '*'}"
+        details = {
+            "period": limits.period.value,
+            "hard_limit_micros": str(limits.hard_limit_micros),
+            "soft_limit_micros": str(limits.soft_limit_micros),
+        }
+        with audited(self._audit, context, "budget.set", target, details):
+            async with store_errors():
+                status = await self._budgets.set(limits)
         return pb.SetBudgetResponse(budget=_budget(status))
 
     async def ExportUsage(  # noqa: N802
