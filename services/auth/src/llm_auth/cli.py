@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import json
 import re
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
@@ -20,6 +22,7 @@ from llm_auth.keystore import KeyStore, NewKey
 from llm_auth.principal import KeyLimits
 from llm_auth.records import KeyRecord
 from llm_auth.redis_guard import RedisGuard, StoreUnavailable, connect
+from llm_common.audit import AuditEvent, AuditLog, configure_audit
 from llm_common.config import ConfigError
 from llm_common.errors import FieldViolation, InvalidArgument
 from llm_common.validation import Violations
@@ -63,6 +66,7 @@ def main(argv: Sequence[str], environ: Mapping[str, str], out: TextIO = sys.stdo
         return EXIT_OK
     try:
         settings = Settings.from_env(environ)
+        configure_audit(environ)  # operator changes are audited like the RPCs' ones
         return asyncio.run(_run(args, settings, out))
     except ConfigError as exc:
         print(f"llm-auth: configuration error: {exc}", file=sys.stderr)
@@ -103,6 +107,8 @@ async def _create(store: KeyStore, args: argparse.Namespace, out: TextIO) -> int
         ttl_ms=request.ttl.ToMilliseconds(),
     )
     record, key = await store.create(spec, now_ms())
+    details = {"key_id": record.key_id, "name": spec.name, "scopes": ",".join(spec.scopes)}
+    _audit("key.create", f"tenant:{spec.tenant_id}", "OK", details)
     _print(out, {**_record_json(record), "secret": key.text})
     print("llm-auth: store the secret now; it cannot be shown again", file=sys.stderr)
     return EXIT_OK
@@ -156,11 +162,26 @@ async def _revoke(store: KeyStore, key_id: str, out: TextIO) -> int:
     validation.check_key_id(v, "key_id", key_id)
     v.raise_if_any()
     record = await store.revoke(key_id, now_ms())
+    _audit("key.revoke", f"key:{key_id}", "OK" if record else "NOT_FOUND")
     if record is None:
         print(f"llm-auth: no key {key_id}", file=sys.stderr)
         return EXIT_FAILED
     _print(out, _record_json(record))
     return EXIT_OK
+
+
+def _audit(action: str, target: str, outcome: str, details: dict[str, str] | None = None) -> None:
+    """The operator (OS user) on this host, straight against Redis: no key id to name."""
+    event = AuditEvent(
+        action=action,
+        actor=f"operator:{getpass.getuser()}",
+        actor_tenant="-",
+        target=target,
+        outcome=outcome,
+        source=f"cli@{socket.gethostname()}",
+        details=details or {},
+    )
+    AuditLog().record(event)
 
 
 def _record_json(record: KeyRecord) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import grpc
 import pytest
@@ -65,6 +66,26 @@ def test_keys_create_list_revoke(redis_url: str, prefix: str) -> None:
     assert json.loads(revoked.stdout)["revoked_at_ms"] is not None
     assert run(env, "keys", "list", "--tenant", "acme").stdout == ""
     assert run(env, "keys", "revoke", "0123456789abcdef").returncode == 1
+
+
+@pytest.mark.security
+def test_operator_commands_are_audited(redis_url: str, prefix: str, tmp_path: Path) -> None:
+    """Issue 32: `keys create|revoke` straight against Redis leave audit events too."""
+    audit = tmp_path / "audit.jsonl"
+    env = env_for(redis_url, prefix, AUDIT_LOG_FILE=str(audit))
+    created = run(env, "keys", "create", "--tenant", "acme", "--name", "ops")
+    key = json.loads(created.stdout)
+    assert run(env, "keys", "revoke", key["key_id"]).returncode == 0
+    text = audit.read_text(encoding="utf-8")
+    events = [json.loads(line) for line in text.splitlines()]
+    assert [(e["action"], e["target"], e["outcome"]) for e in events] == [
+        ("key.create", "tenant:acme", "OK"),
+        ("key.revoke", f"key:{key['key_id']}", "OK"),
+    ]
+    assert events[0]["actor"].startswith("operator:")
+    assert events[0]["details"]["key_id"] == key["key_id"]
+    assert key["secret"].split(".")[1] not in text
+    assert "key.create" not in created.stderr  # not in the service's own log stream
 
 
 def test_cli_rejects_bad_input_and_configuration(redis_url: str, prefix: str) -> None:
