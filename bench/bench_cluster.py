@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from cluster_edge_failover import run_edge_failover, start_stack
 from cluster_failover import PRICES, run_failover
 from prometheus_client import CollectorRegistry
 
@@ -37,8 +38,11 @@ from llm_billing.ledger_values import ReserveInput, SettleInput, Usage
 from llm_billing.prices import load_prices
 from llm_billing.server import build_billing
 from llm_billing.timeutil import Period
+from llm_cache.canonical import tenant_tag
+from llm_cache.changes import PUT, ChangeLog
 from llm_cache.config import Policy
 from llm_cache.config import RedisSettings as CacheRedisSettings
+from llm_cache.metrics import CacheMetrics
 from llm_cache.server import redis_client
 from llm_cache.store import NewEntry, RedisStore
 from llm_common.ports import free_port
@@ -46,6 +50,7 @@ from llm_common.resilience import AsyncBreaker, BreakerMetrics
 from llm_testing import settings_for_tests
 from llm_testing.redis_cluster_local import LocalCluster, server_binary
 
+ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results" / "cluster.json"
 TENANTS = [f"bench-t{i}" for i in range(64)]
 IN_FLIGHT = 64
@@ -132,6 +137,31 @@ async def cache_p50_ms(url: str, lookups: int) -> float:
         await client.aclose()
 
 
+async def change_log_appends(url: str, masters: list[int]) -> dict[str, float]:
+    """Each master's share of the cache's change-log appends when every tenant stores once
+    (the log is sharded by tenant so that no master takes them all)."""
+    settings = CacheRedisSettings(url=url, key_prefix="bench:cache:", timeout_s=5.0)
+    client = redis_client(settings)
+    breaker = AsyncBreaker("bench", fail_max=10**6, metrics=BreakerMetrics(CollectorRegistry()))
+    store = RedisStore(client, settings, Policy(), breaker)
+    log = ChangeLog(store, client, "bench:cache:", CacheMetrics(CollectorRegistry()))
+    before = {p: _xadds(p) for p in masters}
+    try:
+        for tenant in TENANTS:
+            await log.publish(tenant_tag(tenant), PUT, ["0" * 32])
+    finally:
+        await store.aclose()
+        await client.aclose()
+    counts = {p: _xadds(p) - before[p] for p in masters}
+    total = sum(counts.values())
+    return {str(p): round(n / total, 3) for p, n in counts.items()}
+
+
+def _xadds(port: int) -> int:
+    stats = redis.Redis(port=port, socket_timeout=2).info("commandstats")
+    return int(stats.get("cmdstat_xadd", {}).get("calls", 0))
+
+
 def commands_by_node(ports: list[int]) -> dict[int, int]:
     out = {}
     for port in ports:
@@ -167,6 +197,17 @@ def start_single(workdir: Path, replica_of: int = 0) -> tuple[subprocess.Popen[b
     return process, f"redis://127.0.0.1:{port}/0"
 
 
+def edge_failover(workdir: Path) -> dict[str, Any]:
+    """The whole platform on a fresh cluster, chats through Envoy while a master dies."""
+    with LocalCluster() as cluster:
+        stack = start_stack(ROOT, cluster, workdir / "stack")
+        endpoints = stack.start()
+        try:
+            return run_edge_failover(stack, endpoints, cluster).as_dict()
+        finally:
+            stack.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="per throughput figure")
@@ -197,6 +238,9 @@ def main() -> None:
         result["cluster"]["command_share_by_master"] = {
             str(p): round((after[p] - before[p]) / total, 3) for p in masters
         }
+        result["cluster"]["change_log_append_share_by_master"] = asyncio.run(
+            change_log_appends(cluster.url, masters)
+        )
     single, clustered = result["single"], result["cluster"]
 
     def ratio(cluster_key: str, single_key: str) -> float:
@@ -215,6 +259,7 @@ def main() -> None:
         with LocalCluster() as cluster:
             failover = asyncio.run(run_failover(cluster, workdir))
         result["failover"] = failover.as_dict()
+        result["edge_failover"] = edge_failover(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
