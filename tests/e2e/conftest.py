@@ -97,6 +97,9 @@ class RunningStack:
         return create_key(self.edge, self.admin_key, **kwargs)
 
 
+E2E_FAILED_AUTH_LIMIT = 200
+
+
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -155,6 +158,9 @@ def stack(
         # reaches the tokenizer only as a sampled audit: here every one is audited, and so
         # every service has a part in each request's trace (test_stack_observability).
         env.setenv("ROUTER_TOKENIZER_AUDIT_RATE", "1")
+        # Every test calls from 127.0.0.1, the fuzzers with many bad credentials: a limit well
+        # above what they send, which test_security_edge still reaches on purpose.
+        env.setenv("AUTH_FAILED_AUTH_LIMIT", str(E2E_FAILED_AUTH_LIMIT))
         endpoints = running.start()
     fallback = None
     try:

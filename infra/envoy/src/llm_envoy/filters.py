@@ -51,8 +51,17 @@ IDENTITY_HEADERS = (
 # Envoy's gRPC-shaped local reply (HTTP 200 with grpc-status 14), which ext_authz's HTTP
 # client takes for "allowed": with auth down, gRPC calls went on with no identity.
 AUTHZ_CONTENT_TYPE_HEADER = "x-authz-content-type"
-# Headers ext_authz needs: the credential, the requested model, and the content type.
-AUTHZ_HEADERS = ("authorization", "x-api-key", "x-model", AUTHZ_CONTENT_TYPE_HEADER)
+# Headers ext_authz needs: the credential, the requested model, the content type, and the
+# client's address (the edge sets x-envoy-external-address for external clients and appends
+# the peer to x-forwarded-for: auth throttles failed authentication per address).
+AUTHZ_HEADERS = (
+    "authorization",
+    "x-api-key",
+    "x-model",
+    AUTHZ_CONTENT_TYPE_HEADER,
+    "x-envoy-external-address",
+    "x-forwarded-for",
+)
 # What auth's HTTP ext_authz may tell a denied client (the rest of its reply stays inside).
 AUTHZ_CLIENT_HEADERS = ("content-type", "www-authenticate", "retry-after")
 LOCAL_RATELIMIT = "envoy.filters.http.local_ratelimit"
