@@ -130,8 +130,10 @@ class SemanticSettings:
     prefilter_min_rows: int = 16_384
     prefilter_keep: int = 256
     # The learned verifier (verifier.py) decides on the candidates above the threshold:
-    # "balanced" or "strict" (its operating points), or "off" (the rule guard alone).
-    verifier: str = "balanced"
+    # "balanced" or "strict" (its operating points), or "off" (the rule guard alone). Off by
+    # default: the shipped model keeps near-misses out but serves far fewer true paraphrases
+    # than the rule guard (docs/adr/0013), so it is a per-tenant, precision-first choice.
+    verifier: str = "off"
     verifier_dir: Path | None = None  # None: the model shipped in llm_cache/verifier_model
     verifier_tenants: tuple[tuple[str, str], ...] = ()  # per-tenant mode overrides
 

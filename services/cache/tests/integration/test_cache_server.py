@@ -266,17 +266,19 @@ async def test_negated_changed_or_reversed_prompts_do_not_hit(
          {"guard_verifier", "guard_similarity"}),
     ],
 )  # fmt: skip
-async def test_the_verifier_refuses_near_misses(served, req, stored, query, reasons) -> None:
-    await served.stub.Store(req.store(req.key(stored)))
-
-    found = await served.stub.Lookup(req.lookup(req.key(query), threshold=0.5))
+async def test_the_verifier_refuses_near_misses(
+    make_settings, serve_cache, req, stored, query, reasons
+) -> None:
+    async with serve_cache(make_settings(verifier="balanced")) as served:
+        await served.stub.Store(req.store(req.key(stored)))
+        found = await served.stub.Lookup(req.lookup(req.key(query), threshold=0.5))
 
     assert found.kind == pb.HIT_KIND_MISS
     assert found.reason in reasons
 
 
 async def test_each_tenant_gets_its_own_mode(make_settings, serve_cache, req) -> None:
-    settings = make_settings(question_margin=0.25, verifier_tenants=(("tenant-b", "off"),))
+    settings = make_settings(question_margin=0.25, verifier_tenants=(("tenant-a", "balanced"),))
     stored, query = (
         "How can I learn to play the guitar quickly?",
         "What is the quickest way to learn to play the guitar?",

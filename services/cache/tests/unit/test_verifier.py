@@ -119,8 +119,9 @@ def test_modes_from_the_environment() -> None:
     assert semantic.verifier_mode("shop") == "balanced"
     assert semantic.verifier_mode("anyone") == "strict"
     assert semantic.verifier_needed
-    assert SemanticSettings().verifier == "balanced"
-    assert not SemanticSettings(verifier="off").verifier_needed
+    assert SemanticSettings().verifier == "off"
+    assert not SemanticSettings().verifier_needed
+    assert SemanticSettings(verifier_tenants=(("acme", "balanced"),)).verifier_needed
 
 
 @pytest.mark.parametrize(
