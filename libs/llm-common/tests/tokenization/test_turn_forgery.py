@@ -8,6 +8,7 @@ template's own special tokens keep theirs and benign conversations keep today's 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from tokenizers import Tokenizer
 
 from llm_common.models_config import ModelSpec
 from llm_common.tokenization.chat_template import ChatMessage, MessageToolCall, ToolDefinition
+from llm_common.tokenization.literal import LiteralText
 from llm_common.tokenization.registry import TokenizerModel, load_model
 from llm_testing import write_tiny_checkpoint
 
@@ -208,3 +210,25 @@ def test_the_split_path_gives_the_plain_paths_ids(build: Build, family: Family) 
     rendered = model.apply_chat_template(messages, add_generation_prompt=True)
     prompt, ids = model.literal.encode_rendered(rendered.prompt, {"[not-in-the-prompt]": "x"})
     assert (prompt, ids) == (rendered.prompt, rendered.token_ids)
+
+
+def test_the_marker_pattern_finds_what_the_tokenizer_splits_on(tiny_tokenizer: Tokenizer) -> None:
+    """The scan that decides what to shield matches special tokens exactly where the tokenizer
+    does (leftmost-longest), overlapping prefixes included."""
+    tokenizer = Tokenizer.from_str(tiny_tokenizer.to_str())
+    specials = ["<|a|>", "<|ab|>", "<|abc|>", "<|", "[INST]", "[/INST]", "<|reserved_7|>"]
+    tokenizer.add_special_tokens(specials)
+    model_literal = LiteralText.of(tokenizer)
+    assert model_literal.pattern is not None
+    rng = random.Random(7)
+    pieces = [*specials, "<", "|", "a", "b", "c", ">", "[", "/", "I", " ", "x"]
+    special_ids = set(model_literal.ids.values())
+    for _ in range(500):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        found = [
+            text[a:b]
+            for i, (a, b) in zip(encoded.ids, encoded.offsets, strict=True)
+            if i in special_ids
+        ]
+        assert model_literal.pattern.findall(text) == found, text

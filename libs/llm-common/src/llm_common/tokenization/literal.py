@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
@@ -56,9 +56,7 @@ class LiteralText:
         decoder = tokenizer.get_added_tokens_decoder()
         specials = [t for t in decoder.values() if t.special]
         ids = {t.content: i for i, t in decoder.items() if t.special}
-        # Longest first: the tokenizer matches added tokens leftmost-longest.
-        texts = sorted(ids, key=len, reverse=True)
-        pattern = re.compile("|".join(map(re.escape, texts))) if texts else None
+        pattern = re.compile(_trie_pattern(ids)) if ids else None
         return cls(
             literal=literal,
             ids=ids,
@@ -103,6 +101,31 @@ class LiteralText:
             ids.append(self.ids[token])
             ids.extend(piece_ids)
         return restore.sub(lambda m: markers[m.group()], rendered), ids
+
+
+def _trie_pattern(words: Iterable[str]) -> str:
+    """A regex matching any of `words` leftmost-longest, as the tokenizer matches added tokens.
+
+    Built as a trie (shared prefixes factored out): a plain alternation tries every word at
+    every `<|` of the text, which made adversarial text (`<|x <|x ...`) with Llama-3's 256
+    special tokens ~20x slower to scan than this.
+    """
+    root: dict[str, Any] = {}
+    for word in words:
+        node = root
+        for char in word:
+            node = node.setdefault(char, {})
+        node[""] = {}  # a word ends here
+
+    def build(node: dict[str, Any]) -> str:
+        branches = [re.escape(c) + build(child) for c, child in sorted(node.items()) if c]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        # Where a word ends but longer ones go on: the greedy `?` tries the longer first.
+        return f"(?:{body})?" if "" in node else body
+
+    return build(root)
 
 
 def _map_strings(value: Any, func: Callable[[str], str]) -> Any:
