@@ -38,6 +38,8 @@ def test_bad_keys_from_one_address_are_throttled_then_released(stack: RunningSta
     assert status == 429, statuses[-5:]
     assert len(statuses) > E2E_FAILED_AUTH_LIMIT // 2  # not before many failures
     error = json.loads(body)["error"]
+    # OpenAI's error object, whether auth's body or the edge's own /v1 mapper answers.
+    assert set(error) == {"message", "type", "param", "code"}
     assert error["code"] == "rate_limit_exceeded"
     wait = int(headers["retry-after"])
     assert 1 <= wait <= 60

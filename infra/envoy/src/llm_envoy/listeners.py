@@ -123,6 +123,7 @@ def openai_local_replies() -> Config:
         "error": {
             "message": "Rate limit reached for this API key; retry later.",
             "type": "rate_limit_error",
+            "param": None,  # OpenAI's error object always has the four keys
             "code": "rate_limit_exceeded",
         }
     }
@@ -130,6 +131,7 @@ def openai_local_replies() -> Config:
         "error": {
             "message": "The service is unavailable (%RESPONSE_CODE_DETAILS%); retry later.",
             "type": "server_error",
+            "param": None,
             "code": "service_unavailable",
         }
     }
