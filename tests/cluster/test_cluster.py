@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,10 @@ from types import ModuleType
 import pytest
 from redis.crc import key_slot
 
+from llm_auth.config import RedisSettings as AuthRedisSettings
 from llm_auth.keyspace import Keyspace
+from llm_auth.keystore import KeyStore, NewKey, key_wait
+from llm_auth.redis_guard import RedisGuard, StoreUnavailable, connect
 from llm_billing.keys import KeySpace
 from llm_testing.redis_cluster_local import LocalCluster
 
@@ -110,3 +114,37 @@ def test_failover_through_the_edge_loses_no_chat_and_no_token(
     # Every answered chat billed once, with exactly the tokens its client was told about.
     assert result.billed_requests == result.chats_answered, result
     assert result.billed_tokens == result.client_tokens, result
+
+
+def test_acknowledged_revocations_survive_their_master_dying(cluster: LocalCluster) -> None:
+    asyncio.run(_revoke_then_kill(cluster))
+
+
+async def _revoke_then_kill(cluster: LocalCluster) -> None:
+    """Keys revoked with AUTH_REDIS_WAIT_REPLICAS=1, then a master SIGKILLed at once: every
+    revocation that was acknowledged is still there on the promoted replica."""
+    settings = AuthRedisSettings(
+        url=cluster.url, prefix="rv:", timeout_s=1.0, wait_replicas=1, wait_timeout_ms=500
+    )
+    client = connect(settings)
+    guard = RedisGuard(client, settings)
+    store = KeyStore(guard, Keyspace("rv:"), b"p" * 32, wait=key_wait(settings))
+    try:
+        records = [(await store.create(NewKey(tenant_id=f"rv{i}"), 1))[0] for i in range(24)]
+        for record in records:
+            assert await store.revoke(record.key_id, 2) is not None  # acknowledged
+        cluster.kill_master()
+        deadline = time.monotonic() + 20
+        for record in records:
+            while True:
+                try:
+                    stored = await store.get(record.key_id)
+                    break
+                except StoreUnavailable:
+                    assert time.monotonic() < deadline, "the cluster did not recover"
+                    await asyncio.sleep(0.2)
+            assert stored is not None
+            assert stored.is_revoked()
+    finally:
+        await store.aclose()
+        await client.aclose()

@@ -18,7 +18,7 @@ from llm_auth.authenticator import now_ms
 from llm_auth.config import Settings
 from llm_auth.convert import duration_s
 from llm_auth.keyspace import Keyspace
-from llm_auth.keystore import KeyStore, NewKey
+from llm_auth.keystore import KeyStore, NewKey, key_wait
 from llm_auth.principal import KeyLimits
 from llm_auth.records import KeyRecord
 from llm_auth.redis_guard import RedisGuard, StoreUnavailable, connect
@@ -84,12 +84,16 @@ async def _run(args: argparse.Namespace, settings: Settings, out: TextIO) -> int
     client = connect(settings.redis)
     try:
         guard = RedisGuard(client, settings.redis)
-        store = KeyStore(guard, Keyspace(settings.redis.prefix), settings.pepper)
-        if args.command == "create":
-            return await _create(store, args, out)
-        if args.command == "list":
-            return await _list(store, args.tenant, args.include_revoked, out)
-        return await _revoke(store, args.key_id, out)
+        keyspace = Keyspace(settings.redis.prefix)
+        store = KeyStore(guard, keyspace, settings.pepper, wait=key_wait(settings.redis))
+        try:
+            if args.command == "create":
+                return await _create(store, args, out)
+            if args.command == "list":
+                return await _list(store, args.tenant, args.include_revoked, out)
+            return await _revoke(store, args.key_id, out)
+        finally:
+            await store.aclose()
     finally:
         await client.aclose()
 

@@ -20,7 +20,7 @@ from llm_common.config import (
     env_optional_port,
     env_str,
 )
-from llm_common.redis_conn import redis_url_from_env
+from llm_common.redis_conn import is_cluster_url, redis_url_from_env
 
 SERVICE_NAME = "auth"
 DEFAULT_GRPC_PORT = 50051
@@ -58,6 +58,10 @@ class RedisSettings:
     breaker_fail_max: int = 3
     breaker_reset_s: float = 5.0
     max_connections: int = 128
+    # Key writes (create, rotate, revoke) are acknowledged once this many replicas have them
+    # (WAIT), so a failover cannot undo a revocation; 0: no wait.
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 250
 
     def __post_init__(self) -> None:
         if not _PREFIX_PATTERN.fullmatch(self.prefix):
@@ -67,13 +71,20 @@ class RedisSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
+        url = redis_url_from_env(environ, DEFAULT_REDIS_URL)
         return cls(
-            url=redis_url_from_env(environ, DEFAULT_REDIS_URL),
+            url=url,
             prefix=environ.get("AUTH_REDIS_PREFIX", "auth:").strip(),
             timeout_s=env_float(environ, "AUTH_REDIS_TIMEOUT_S", 0.25, min_value=0.01),
             breaker_fail_max=env_int(environ, "AUTH_REDIS_BREAKER_FAIL_MAX", 3, min_value=1),
             breaker_reset_s=env_float(environ, "AUTH_REDIS_BREAKER_RESET_S", 5.0, min_value=0.1),
             max_connections=env_int(environ, "AUTH_REDIS_MAX_CONNECTIONS", 128, min_value=2),
+            wait_replicas=env_int(
+                environ, "AUTH_REDIS_WAIT_REPLICAS", int(is_cluster_url(url)), max_value=8
+            ),
+            wait_timeout_ms=env_int(
+                environ, "AUTH_REDIS_WAIT_TIMEOUT_MS", 250, min_value=1, max_value=60_000
+            ),
         )
 
 

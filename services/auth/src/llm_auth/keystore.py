@@ -7,10 +7,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from llm_auth.apikeys import ParsedKey, digest, generate_key
+from llm_auth.config import RedisSettings
 from llm_auth.keyspace import Keyspace
 from llm_auth.principal import KeyLimits
 from llm_auth.records import KeyRecord, as_text
 from llm_auth.redis_guard import RedisGuard
+from llm_common.redis_mux import Command, Pipelined, ReplicaWait, pipelined
 
 # Creating never overwrites: a key id collision (or a bootstrap race) leaves the first record.
 _CREATE = """
@@ -32,6 +34,25 @@ redis.call('HSET', KEYS[1], 'previous_digest', current, 'previous_expires_at_ms'
            'digest', ARGV[1], 'secret_hint', ARGV[2])
 return 1
 """
+
+
+Replies = list[Any]  # (KeyStore.list shadows the builtin in its class body)
+
+
+def key_wait(settings: RedisSettings) -> ReplicaWait | None:
+    """The WAIT key writes make (AUTH_REDIS_WAIT_REPLICAS, AUTH_REDIS_WAIT_TIMEOUT_MS)."""
+    if settings.wait_replicas <= 0:
+        return None
+    return ReplicaWait(settings.wait_replicas, settings.wait_timeout_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class _ScriptCall:
+    """A registered key-record script with its keys and arguments."""
+
+    script: Any
+    keys: list[str]
+    args: Sequence[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +79,14 @@ class KeyPage:
 class KeyStore:
     """Key records (`key:{id}` hashes) and each tenant's index (`tenant:{t}:keys`)."""
 
-    def __init__(self, guard: RedisGuard, keyspace: Keyspace, pepper: bytes) -> None:
+    def __init__(
+        self,
+        guard: RedisGuard,
+        keyspace: Keyspace,
+        pepper: bytes,
+        *,
+        wait: ReplicaWait | None = None,
+    ) -> None:
         self._guard = guard
         self._keys = keyspace
         self._pepper = pepper
@@ -67,6 +95,14 @@ class KeyStore:
         self._revoke = client.register_script(_REVOKE)
         self._rotate = client.register_script(_ROTATE)
         self._listeners: list[Callable[[str], None]] = []
+        # With `wait`, writes go with a WAIT on the connection that made them (a pool's next
+        # connection would wait for nothing): through the mux, one per master.
+        self._wait = wait
+        self._durable: Pipelined | None = pipelined(client) if wait is not None else None
+
+    async def aclose(self) -> None:
+        if self._durable is not None:
+            await self._durable.aclose()
 
     async def create(self, spec: NewKey, now_ms: int) -> tuple[KeyRecord, ParsedKey]:
         """A new key; the returned secret is never stored."""
@@ -93,14 +129,12 @@ class KeyStore:
         written either way (NX keeps the first score), so a retry after a failure between the
         two writes completes the index."""
         fields = [item for pair in record.to_redis().items() for item in pair]
-        created = await self._guard.run(
-            self._create, keys=[self._keys.key_record(record.key_id)], args=fields
-        )
-        await self._guard.run(
-            self._guard.client.zadd,
-            self._keys.tenant_keys(record.tenant_id),
-            {record.key_id: record.created_at_ms},
-            nx=True,
+        index: Command = [
+            "ZADD", self._keys.tenant_keys(record.tenant_id), "NX", record.created_at_ms,
+            record.key_id,
+        ]  # fmt: skip
+        created, _ = await self._write(
+            _ScriptCall(self._create, [self._keys.key_record(record.key_id)], fields), index
         )
         return bool(created)
 
@@ -133,9 +167,8 @@ class KeyStore:
 
     async def revoke(self, key_id: str, now_ms: int) -> KeyRecord | None:
         """Mark the key revoked (idempotent: the first revocation time stays)."""
-        found = await self._guard.run(
-            self._revoke, keys=[self._keys.key_record(key_id)], args=[now_ms]
-        )
+        call = _ScriptCall(self._revoke, [self._keys.key_record(key_id)], [now_ms])
+        (found,) = await self._write(call)
         if not found:
             return None
         await self._announce(key_id)
@@ -147,7 +180,8 @@ class KeyStore:
         """A new secret for `key_id`; the old one works for `grace_ms` more."""
         key = generate_key(key_id)
         args: Sequence[Any] = [digest(self._pepper, key), key.hint, now_ms + grace_ms]
-        found = await self._guard.run(self._rotate, keys=[self._keys.key_record(key_id)], args=args)
+        call = _ScriptCall(self._rotate, [self._keys.key_record(key_id)], args)
+        (found,) = await self._write(call)
         if not found:
             return None
         await self._announce(key_id)
@@ -157,6 +191,29 @@ class KeyStore:
     def on_change(self, listener: Callable[[str], None]) -> None:
         """Call `listener(key_id)` in this process whenever this store revokes or rotates."""
         self._listeners.append(listener)
+
+    async def _write(self, call: _ScriptCall, *more: Command) -> Replies:
+        """A key-record script (then `more` commands), acknowledged once `wait` replicas
+        have them when set. Every write here is idempotent (create is NX, revoke keeps the
+        first time, rotate sets the same values): a caller may retry after any failure."""
+        if self._durable is None:
+            replies = [await self._guard.run(call.script, keys=call.keys, args=call.args)]
+            for command in more:
+                replies.append(await self._guard.run(self._guard.client.execute_command, *command))
+            return replies
+        return await self._guard.run(self._durably, call, more)
+
+    async def _durably(self, call: _ScriptCall, more: Sequence[Command]) -> Replies:
+        assert self._durable is not None
+        # Loaded first, every time (key writes are rare): a NOSCRIPT reply would hide behind
+        # the WAIT's error, and the write would never be retried with the script loaded.
+        call.script.sha = await self._guard.client.script_load(call.script.script)
+        evalsha: Command = ["EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args]
+        replies = await self._durable.execute([evalsha, *more], wait=self._wait)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
 
     async def _announce(self, key_id: str) -> None:
         # Local caches forget the key at once; other replicas hear it on the channel.

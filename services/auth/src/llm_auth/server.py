@@ -22,7 +22,7 @@ from llm_auth.jwt_verify import JwtVerifier
 from llm_auth.key_admin import KeyAdmin
 from llm_auth.key_events import KeyEventSubscriber
 from llm_auth.keyspace import Keyspace
-from llm_auth.keystore import KeyStore
+from llm_auth.keystore import KeyStore, key_wait
 from llm_auth.limiter import Limiter
 from llm_auth.metrics import AuthMetrics, default_auth_metrics
 from llm_auth.quotas import Quotas
@@ -78,7 +78,7 @@ class AuthApp:
         self.redis = connect(settings.redis)
         self.guard = RedisGuard(self.redis, settings.redis, breaker_metrics)
         keyspace = Keyspace(settings.redis.prefix)
-        self.keys = KeyStore(self.guard, keyspace, settings.pepper)
+        self.keys = KeyStore(self.guard, keyspace, settings.pepper, wait=key_wait(settings.redis))
         cache = TtlCache[str, KeyRecord](settings.key_cache_ttl_s, settings.key_cache_max_entries)
         jwt = JwtVerifier(settings.jwt, settings.limits) if settings.jwt.enabled else None
         self.authenticator = Authenticator(
@@ -173,6 +173,7 @@ class AuthApp:
             await self.edge.stop(self.settings.server.shutdown_grace_s)
         await self.key_events.stop()
         await self.limiter.aclose()
+        await self.keys.aclose()
         await self.redis.aclose()
 
     def spec(self) -> ServiceSpec:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import grpc
@@ -128,10 +129,17 @@ def test_serves_with_the_bootstrap_key_then_drains(redis_url: str, prefix: str) 
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             health = health_pb2_grpc.HealthStub(channel)
-            reply = health.Check(
-                health_pb2.HealthCheckRequest(), timeout=TIMEOUT_S, wait_for_ready=True
-            )
-            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            # NOT_SERVING until start-up (the bootstrap key stored; on a cluster, with a
+            # replica's acknowledgement) is over.
+            deadline = time.monotonic() + TIMEOUT_S
+            while True:
+                reply = health.Check(
+                    health_pb2.HealthCheckRequest(), timeout=TIMEOUT_S, wait_for_ready=True
+                )
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+                assert time.monotonic() < deadline, "never SERVING"
+                time.sleep(0.05)
             stub = pb_grpc.AuthServiceStub(channel)
             created = stub.CreateKey(
                 pb.CreateKeyRequest(tenant_id="acme", scopes=["completion:write"]),
