@@ -231,6 +231,7 @@ def _open_run_dir() -> None:
     """The containers run as uid 1000 (services) and 101 (Envoy): the secrets must be
     readable and Envoy's log directory writable by them."""
     run = ROOT / ".run"
+    (run / "secrets").chmod(0o755)
     for path in (run / "secrets").iterdir():
         path.chmod(0o644)
     (run / "envoy" / "logs").chmod(0o777)
