@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -21,7 +22,11 @@ from llm_auth.keyspace import Keyspace
 from llm_auth.keystore import KeyStore, NewKey, key_wait
 from llm_auth.redis_guard import RedisGuard, StoreUnavailable, connect
 from llm_billing.keys import KeySpace
+from llm_common.redis_cluster_mux import ClusterMux
+from llm_common.redis_conn import cluster_client, redis_url_from_env
+from llm_common.redis_mux import ReplicaWait, pipelined
 from llm_testing.redis_cluster_local import LocalCluster
+from llm_testing.tls_certs import make_certificates
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,4 +152,32 @@ async def _revoke_then_kill(cluster: LocalCluster) -> None:
             assert stored.is_revoked()
     finally:
         await store.aclose()
+        await client.aclose()
+
+
+def test_a_tls_cluster_takes_the_mux_and_its_writes_wait_for_replicas(tmp_path: Path) -> None:
+    try:
+        cluster = LocalCluster(tls=make_certificates(tmp_path / "tls")).start()
+    except (RuntimeError, subprocess.CalledProcessError):
+        pytest.skip("this redis-server has no TLS")
+    try:
+        assert cluster.tls is not None
+        environ = {"REDIS_CLUSTER_NODES": "rediss://" + cluster.nodes}
+        url = redis_url_from_env(environ | {"REDIS_TLS_CA_CERT": str(cluster.tls.ca)}, None)
+        asyncio.run(_waited_writes_over_tls(url))
+    finally:
+        cluster.stop()
+
+
+async def _waited_writes_over_tls(url: str) -> None:
+    client = cluster_client(url, timeout_s=2.0)
+    hot = pipelined(client)
+    try:
+        assert isinstance(hot, ClusterMux)  # not redis-py's pipeline, where WAIT goes astray
+        keys = [f"tls:{{t{i}}}" for i in range(12)]  # over every master
+        replies = await hot.execute([["SET", k, "v"] for k in keys], wait=ReplicaWait(1, 2000))
+        assert replies == ["OK"] * len(keys)  # each master's WAIT counted its replica
+        assert await client.get(keys[0]) == b"v"
+    finally:
+        await hot.aclose()
         await client.aclose()

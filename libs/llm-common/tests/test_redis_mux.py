@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from llm_common.redis_mux import Endpoint, PoolPipeline, RedisMux, execute_scripts, pipelined
+from llm_common.redis_mux import (
+    Endpoint,
+    PoolPipeline,
+    RedisMux,
+    ReplicaWait,
+    execute_scripts,
+    pipelined,
+)
+from llm_testing.tls_redis import TlsRedis
 
 pytestmark = pytest.mark.integration
 
@@ -159,13 +168,42 @@ async def test_unreachable_redis_is_a_connection_error() -> None:
         await client.aclose()
 
 
-async def test_tls_urls_use_the_pool(redis_client: redis.asyncio.Redis) -> None:
-    client = _client("rediss://127.0.0.1:6380/0")
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[TlsRedis]:
     try:
-        assert Endpoint.of(client) is None
-        assert isinstance(pipelined(client), PoolPipeline)
+        server = TlsRedis(tmp_path)
+    except RuntimeError:
+        pytest.skip("this redis-server has no TLS")
+    yield server
+    server.stop()
+
+
+async def test_tls_urls_get_the_mux_with_the_clients_certificates(tls_redis: TlsRedis) -> None:
+    client = _client(tls_redis.url)
+    hot = pipelined(client)
+    try:
+        assert isinstance(hot, RedisMux)
+        replies = await hot.execute(
+            [["SET", "tls:k", "v"], ["GET", "tls:k"]], wait=ReplicaWait(0, 100)
+        )
+        assert replies == ["OK", "v"]
     finally:
+        await hot.aclose()
         await client.aclose()
+
+
+async def test_a_tls_server_the_client_does_not_trust_is_refused(tls_redis: TlsRedis) -> None:
+    client = _client(f"rediss://127.0.0.1:{tls_redis.port}/0")  # the system CAs only
+    hot = pipelined(client)
+    try:
+        with pytest.raises(RedisConnectionError):
+            await hot.execute([["PING"]])
+    finally:
+        await hot.aclose()
+        await client.aclose()
+
+
+async def test_the_pool_answers_in_place(redis_client: redis.asyncio.Redis) -> None:
     replies = await PoolPipeline(redis_client).execute([["PING"], ["EVALSHA", "0" * 40, 0]])
     assert replies[0] in ("PONG", True)
     assert isinstance(replies[1], NoScriptError)

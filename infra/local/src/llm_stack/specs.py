@@ -21,7 +21,7 @@ from llm_stack.process import ProcessSpec
 # REDIS_URL carries the stack's Redis (a cluster as redis+cluster://, credentials inside).
 _DROPPED = (
     "GRPC_PORT", "METRICS_PORT", "OTEL_EXPORTER_OTLP_ENDPOINT", "REDIS_URL",
-    "REDIS_CLUSTER_NODES", "REDIS_USERNAME", "REDIS_PASSWORD",
+    "REDIS_CLUSTER_NODES", "REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS_CA_CERT",
 )  # fmt: skip
 
 

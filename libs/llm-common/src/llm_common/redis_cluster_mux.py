@@ -34,6 +34,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from llm_common.redis_mux import Command, Endpoint, RedisMux, ReplicaWait, Sent
+from llm_common.redis_tls import speaks_tls, tls_context
 
 MAX_REDIRECTS = 3
 REFRESH_MIN_INTERVAL_S = 0.2  # a burst of MOVED replies refreshes the map once
@@ -49,9 +50,9 @@ def cluster_of(client: object) -> RedisCluster | None:
 
 
 def mux_speaks(cluster: RedisCluster) -> bool:
-    """Whether ClusterMux can reach the nodes (plain TCP; TLS goes through redis-py)."""
+    """Whether ClusterMux can reach the nodes (plain TCP or TLS)."""
     kind = cluster.nodes_manager.connection_kwargs.get("connection_class")
-    return kind in (None, redis.asyncio.Connection)
+    return kind is None or kind is redis.asyncio.Connection or speaks_tls(kind)
 
 
 def first_key(command: Command) -> str | bytes | None:
@@ -239,6 +240,7 @@ class ClusterMux:
                 username=kwargs.get("username"),
                 password=kwargs.get("password"),
                 timeout_s=float(kwargs.get("socket_timeout") or 5.0),
+                tls=tls_context(kwargs) if speaks_tls(kwargs.get("connection_class")) else None,
             )
             mux = self._muxes[name] = RedisMux(endpoint, decode=self._decode)
         return mux

@@ -8,6 +8,7 @@ Configuration (read by each service's settings loader, never at import time):
   in cluster mode and REDIS_URL is ignored. Prefix the list with `rediss://` for TLS.
 - `REDIS_USERNAME` / `REDIS_PASSWORD` — ACL credentials, in both modes (they fill in what
   the URL does not carry).
+- `REDIS_TLS_CA_CERT` — a CA file to trust for `rediss://` (both modes; else the system's).
 
 Inside the services both modes travel as one URL string: a cluster is written
 `redis+cluster://[user:pass@]h1:p1,h2:p2` (`rediss+cluster://` for TLS), so settings,
@@ -22,7 +23,7 @@ import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import redis
 import redis.asyncio
@@ -39,6 +40,7 @@ CLUSTER_SCHEMES = {"redis+cluster": False, "rediss+cluster": True}  # scheme -> 
 SINGLE_SCHEMES = ("redis", "rediss", "unix")
 URL_PREFIXES = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
 NODES_VAR = "REDIS_CLUSTER_NODES"
+CA_VAR = "REDIS_TLS_CA_CERT"
 URL_VAR = "REDIS_URL"
 
 
@@ -50,6 +52,7 @@ class ClusterTarget:
     username: str | None
     password: str | None
     tls: bool
+    ca_certs: str | None = None  # a CA file to trust (REDIS_TLS_CA_CERT), else the system's
 
     def url(self) -> str:
         """The `redis+cluster://` form of this target."""
@@ -60,7 +63,8 @@ class ClusterTarget:
             auth = f"{user}:{quote(self.password, safe='')}@"
         elif self.username:
             auth = f"{quote(self.username, safe='')}@"
-        return f"{scheme}://{auth}" + ",".join(f"{h}:{p}" for h, p in self.nodes)
+        query = f"?ssl_ca_certs={quote(self.ca_certs, safe='/')}" if self.ca_certs else ""
+        return f"{scheme}://{auth}" + ",".join(f"{h}:{p}" for h, p in self.nodes) + query
 
 
 def redacted(url: str) -> str:
@@ -95,6 +99,8 @@ def parse_cluster_url(url: str) -> ClusterTarget:
     scheme, _, rest = url.partition("://")
     if scheme.lower() not in CLUSTER_SCHEMES:
         raise ConfigError.for_variable(NODES_VAR, "not a redis+cluster:// URL")
+    rest, _, query = rest.partition("?")
+    ca_certs = parse_qs(query).get("ssl_ca_certs", [None])[-1]
     auth, _, hosts = rest.rpartition("@")
     username: str | None = None
     password: str | None = None
@@ -107,6 +113,7 @@ def parse_cluster_url(url: str) -> ClusterTarget:
         username=username,
         password=password,
         tls=CLUSTER_SCHEMES[scheme.lower()],
+        ca_certs=ca_certs,
     )
 
 
@@ -116,6 +123,7 @@ def redis_url_from_env(environ: Mapping[str, str], default: str | None) -> str:
     ConfigError naming the variable when a value is malformed."""
     username = env_str(environ, "REDIS_USERNAME")
     password = env_str(environ, "REDIS_PASSWORD")
+    ca_certs = env_str(environ, CA_VAR)
     nodes_value = env_str(environ, NODES_VAR)
     if nodes_value is not None:
         tls = False
@@ -127,7 +135,7 @@ def redis_url_from_env(environ: Mapping[str, str], default: str | None) -> str:
             raise ConfigError.for_variable(
                 NODES_VAR, "must not carry credentials: use REDIS_USERNAME/REDIS_PASSWORD"
             )
-        target = ClusterTarget(parse_nodes(nodes_value), username, password, tls)
+        target = ClusterTarget(parse_nodes(nodes_value), username, password, tls, ca_certs)
         return target.url()
     url = env_str(environ, URL_VAR, default)
     if url is None:
@@ -141,8 +149,11 @@ def redis_url_from_env(environ: Mapping[str, str], default: str | None) -> str:
     parts = urlsplit(url)
     if parts.scheme.lower() not in SINGLE_SCHEMES:
         raise ConfigError.for_variable(URL_VAR, "must be a redis://, rediss:// or unix:// URL")
+    if ca_certs is not None and parts.scheme.lower() == "rediss":
+        query = "&".join(q for q in (parts.query, f"ssl_ca_certs={quote(ca_certs, safe='/')}") if q)
+        parts = parts._replace(query=query)
     if password is None or parts.password is not None or parts.scheme == "unix":
-        return url
+        return parts.geturl()
     host = parts.netloc.rpartition("@")[2]
     user = quote(username or parts.username or "", safe="")
     netloc = f"{user}:{quote(password, safe='')}@{host}"
@@ -190,6 +201,7 @@ def cluster_client(
         username=target.username,
         password=target.password,
         ssl=target.tls,
+        ssl_ca_certs=target.ca_certs,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         max_connections=max_connections,
@@ -236,6 +248,7 @@ def open_sync_client(url: str, *, timeout_s: float = 5.0, decode_responses: bool
             username=target.username,
             password=target.password,
             ssl=target.tls,
+            ssl_ca_certs=target.ca_certs,
             socket_timeout=timeout_s,
             decode_responses=decode_responses,
         )

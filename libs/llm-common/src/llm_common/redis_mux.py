@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,6 +29,8 @@ import redis.asyncio
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from llm_common.redis_tls import plain_or_tls, speaks_tls, tls_context
 
 READ_CHUNK = 65536
 Command = Sequence[str | int]
@@ -83,14 +86,15 @@ class Endpoint:
     username: str | None
     password: str | None
     timeout_s: float
+    tls: ssl.SSLContext | None = None  # rediss://: the client's own certificates and checks
 
     @classmethod
     def of(cls, client: redis.asyncio.Redis) -> Endpoint | None:
-        """The endpoint of `client`, or None when it needs what this module lacks (TLS)."""
+        """The endpoint of `client`, or None when it needs what this module lacks."""
         pool = client.connection_pool
         kwargs = pool.connection_kwargs
         kind = pool.connection_class
-        if kind not in (redis.asyncio.Connection, redis.asyncio.UnixDomainSocketConnection):
+        if not plain_or_tls(kind):
             return None
         return cls(
             host=str(kwargs.get("host", "localhost")),
@@ -100,6 +104,7 @@ class Endpoint:
             username=kwargs.get("username"),
             password=kwargs.get("password"),
             timeout_s=float(kwargs.get("socket_timeout") or 5.0),
+            tls=tls_context(kwargs) if speaks_tls(kind) else None,
         )
 
 
@@ -327,6 +332,11 @@ class RedisMux:
     async def _open(ep: Endpoint) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if ep.path:
             return await asyncio.open_unix_connection(ep.path)
+        if ep.tls is not None:
+            hostname = ep.host if ep.tls.check_hostname else None
+            return await asyncio.open_connection(
+                ep.host, ep.port, ssl=ep.tls, server_hostname=hostname
+            )
         return await asyncio.open_connection(ep.host, ep.port)
 
     @staticmethod

@@ -24,6 +24,7 @@ import redis
 import redis.exceptions
 
 from llm_common.ports import free_port
+from llm_testing.tls_certs import TlsFiles
 
 START_TIMEOUT_S = 20.0
 SPAWN_ATTEMPTS = 10
@@ -67,6 +68,7 @@ class LocalCluster:
     masters: int = 3
     replicas_per_master: int = 1
     password: str | None = None
+    tls: TlsFiles | None = None  # TLS only (clients, bus and replication), clients trust tls.ca
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="llm-cluster-")))
     ports: list[int] = field(default_factory=list)
     processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
@@ -80,6 +82,8 @@ class LocalCluster:
     def url(self) -> str:
         """The `redis+cluster://` URL the services' settings carry."""
         auth = f":{self.password}@" if self.password else ""
+        if self.tls is not None:
+            return f"rediss+cluster://{auth}{self.nodes}?ssl_ca_certs={self.tls.ca}"
         return f"redis+cluster://{auth}{self.nodes}"
 
     def start(self) -> LocalCluster:
@@ -112,7 +116,14 @@ class LocalCluster:
     def _spawn(self, port: int) -> None:
         folder = self.workdir / str(port)
         folder.mkdir(parents=True, exist_ok=True)
-        args = [str(self.binary), "--port", str(port), "--bind", "127.0.0.1"]
+        args = [str(self.binary), "--bind", "127.0.0.1"]
+        if self.tls is None:
+            args += ["--port", str(port)]
+        else:
+            args += ["--port", "0", "--tls-port", str(port), "--tls-cluster", "yes"]
+            args += ["--tls-replication", "yes", "--tls-auth-clients", "no"]
+            args += ["--tls-cert-file", str(self.tls.cert), "--tls-key-file", str(self.tls.key)]
+            args += ["--tls-ca-cert-file", str(self.tls.ca)]
         args += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
         args += ["--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--dir", str(folder)]
         args += ["--save", "", "--appendonly", "no", "--protected-mode", "no"]
@@ -128,7 +139,8 @@ class LocalCluster:
     def client(self, port: int) -> redis.Redis:
         return redis.Redis(
             host="127.0.0.1", port=port, password=self.password, socket_timeout=2.0,
-            decode_responses=True,
+            decode_responses=True, ssl=self.tls is not None,
+            ssl_ca_certs=None if self.tls is None else str(self.tls.ca),
         )  # fmt: skip
 
     def _wait_ping(self, port: int, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -149,6 +161,8 @@ class LocalCluster:
         args += ["--cluster-replicas", str(self.replicas_per_master), "--cluster-yes"]
         if self.password:
             args += ["-a", self.password, "--no-auth-warning"]
+        if self.tls is not None:
+            args += ["--tls", "--cacert", str(self.tls.ca)]
         subprocess.run(args, check=True, capture_output=True, timeout=START_TIMEOUT_S)
 
     def master_ports(self) -> list[int]:
