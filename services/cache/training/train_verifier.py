@@ -35,12 +35,23 @@ class Row:
     label: float
 
 
-def load_rows(path: Path, tokenizer: PairTokenizer) -> list[Row]:
+def load_rows(path: Path, tokenizer: PairTokenizer, encoder_dir: Path) -> list[Row]:
+    """The pairs as word pieces, cached next to the data (keyed by the data file, the
+    tokenizer file and the per-side cut), so reruns skip tokenizing."""
+    key = hashlib.sha256(path.read_bytes())
+    key.update((encoder_dir / "tokenizer.json").read_bytes())
+    key.update(str(tokenizer.side_tokens).encode())
+    cache = path.with_suffix(f".tokens-{key.hexdigest()[:16]}.json")
+    if cache.is_file():
+        cached = json.loads(cache.read_text(encoding="utf-8"))
+        return [Row(tuple(a), tuple(b), float(label)) for a, b, label in cached]
     with path.open(encoding="utf-8") as f:
         records = [json.loads(line) for line in f if line.strip()]
     a = tokenizer.tokens([r["a"] for r in records])
     b = tokenizer.tokens([r["b"] for r in records])
-    return [Row(x, y, float(r["label"])) for x, y, r in zip(a, b, records, strict=True)]
+    rows = [Row(x, y, float(r["label"])) for x, y, r in zip(a, b, records, strict=True)]
+    cache.write_text(json.dumps([[r.a, r.b, r.label] for r in rows]), encoding="utf-8")
+    return rows
 
 
 def batches(rows: list[Row], size: int, rng: random.Random) -> list[list[Row]]:
@@ -67,7 +78,7 @@ def train(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
     encoder_dir = default_model_dir()
     tokenizer = PairTokenizer(encoder_dir, args.side_tokens)
-    rows = load_rows(args.data / "train.jsonl", tokenizer)
+    rows = load_rows(args.data / "train.jsonl", tokenizer, encoder_dir)
     model = base_model(encoder_dir, args.layers).train()
     for p in model.embeddings.parameters():
         p.requires_grad_(False)
