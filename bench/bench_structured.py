@@ -37,7 +37,7 @@ from typing import Any
 
 import machine
 import torch
-from bench_engine import ensure_passive_openmp, goal
+from engine_support import ensure_passive_openmp, goal
 
 from llm_inference.engine.api import (
     FinishReason,
