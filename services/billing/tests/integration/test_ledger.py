@@ -1,13 +1,12 @@
-"""The Redis ledger with a controlled clock: rounding, idempotency, expiry, prices, budgets."""
+"""The Redis ledger with a controlled clock: rounding, idempotency, expiry, settles without
+a reservation, random traffic against an independent sum. Prices, budgets and usage reports:
+test_ledger_budgets."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import random
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,13 +15,10 @@ import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from llm_billing import invoice
 from llm_billing.budgets import BudgetLimits
 from llm_billing.config import RedisSettings, Settings
-from llm_billing.keys import KeySpace
-from llm_billing.ledger import Ledger
-from llm_billing.ledger_values import Admission, ReserveInput, SettleInput, Usage
-from llm_billing.prices import MAX_PRICE_MICROS_PER_MTOK, PriceBook, load_prices
+from llm_billing.ledger_values import Admission
+from llm_billing.prices import MAX_PRICE_MICROS_PER_MTOK, PriceBook
 from llm_billing.scripts import script_source
 from llm_billing.server import Billing, build_billing
 from llm_billing.timeutil import DAY_MS, HOUR_MS, Period
@@ -32,24 +28,12 @@ from llm_common.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
-    QuotaExceeded,
 )
 from llm_common.redis_conn import open_sync_client
-from llm_common.redis_mux import PoolPipeline
+
+from .ledger_helpers import T0, TTL_MS, Clock, dump, reserve, settle, totals, wired_billing
 
 pytestmark = pytest.mark.integration
-
-T0 = int(datetime(2026, 3, 10, 22, 30, tzinfo=UTC).timestamp()) * 1000
-STOP = 1
-TTL_MS = 600_000
-
-
-class Clock:
-    def __init__(self, now: int = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
 
 
 @pytest.fixture
@@ -65,51 +49,9 @@ async def billing_at(
     clock: Clock,
     redis_client: redis.asyncio.Redis,
 ) -> AsyncIterator[Billing]:
-    """The wired service on a fake clock; Reserve/Settle over RedisMux or, as with TLS,
-    over redis-py's pool."""
-    built = build_billing(settings, prices, clock=clock)
-    if request.param == "pool":
-        keys = KeySpace(settings.ledger.key_prefix)
-        hot = PoolPipeline(built.client)
-        ledger = Ledger(built.client, keys, prices, settings.ledger, clock=clock, hot=hot)
-        built = dataclasses.replace(built, ledger=ledger)
-    try:
+    """The wired service on a fake clock, over RedisMux and over redis-py's pool."""
+    async with wired_billing(request.param, settings, prices, clock) as built:
         yield built
-    finally:
-        await built.aclose()
-
-
-def reserve(rid: str, tenant: str = "acme", key: str = "k1", model: str = "small",
-            prompt: int = 1000, max_completion: int = 500) -> ReserveInput:  # fmt: skip
-    return ReserveInput(rid, tenant, key, model, prompt, max_completion)
-
-
-def settle(rid: str, prompt: int = 1000, completion: int = 200, cached: int = 0,
-           tenant: str = "", admission: Admission | None = None) -> SettleInput:  # fmt: skip
-    return SettleInput(rid, tenant, Usage(prompt, completion, cached, STOP), admission)
-
-
-async def dump(client: redis.asyncio.Redis, prefix: str) -> dict[str, Any]:
-    """Every key under the prefix with its value (the whole ledger state)."""
-    state: dict[str, Any] = {}
-    async for key in client.scan_iter(match=f"{prefix}*"):
-        kind = await client.type(key)
-        if kind == "hash":
-            state[key] = await client.hgetall(key)
-        elif kind == "zset":
-            state[key] = await client.zrange(key, 0, -1, withscores=True)
-        elif kind == "set":
-            state[key] = sorted(await client.smembers(key))
-        else:
-            state[key] = await client.get(key)
-    return state
-
-
-async def totals(b: Billing, tenant: str = "acme", key: str = "", model: str = "") -> UsageTotals:
-    report = await b.usage.usage(
-        UsageQuery(tenant, key, model, T0 - 40 * DAY_MS, T0 + 40 * DAY_MS, Granularity.TOTAL)
-    )
-    return report.total
 
 
 PRICE = st.integers(0, MAX_PRICE_MICROS_PER_MTOK)
@@ -309,134 +251,6 @@ async def test_a_batch_of_unreserved_settles_records_each_once(
     again = await b.ledger.apply_many(ops[1:])
     assert all(getattr(o, "duplicate", False) for o in again)
     assert await totals(b) == UsageTotals(5, 500, 50, 0, 5 * cost_of("small", 100, 10))
-
-
-async def test_price_change_applies_to_requests_admitted_after_it(
-    settings: Settings, clock: Clock, tmp_path: Path, redis_client: redis.asyncio.Redis
-) -> None:
-    change = datetime.fromtimestamp((T0 + HOUR_MS) / 1000, UTC).isoformat()
-    path = tmp_path / "changing.yaml"
-    path.write_text(
-        "prices:\n"
-        "  - {model: m, effective_from: '2020-01-01T00:00:00Z', input_micros_per_mtok: 1000000,"
-        " output_micros_per_mtok: 2000000, cached_input_micros_per_mtok: 500000}\n"
-        f"  - {{model: m, effective_from: '{change}', input_micros_per_mtok: 3000000,"
-        " output_micros_per_mtok: 4000000, cached_input_micros_per_mtok: 500000}\n",
-        encoding="utf-8",
-    )
-    b = build_billing(settings, load_prices(path, "USD"), clock=clock)
-    try:
-        clock.now = T0 + HOUR_MS - 1
-        await b.ledger.reserve(reserve("before", model="m", prompt=10, max_completion=10))
-        clock.now = T0 + HOUR_MS
-        await b.ledger.reserve(reserve("after", model="m", prompt=10, max_completion=10))
-        clock.now += 1000
-        old = await b.ledger.settle(settle("before", prompt=10, completion=10))
-        new = await b.ledger.settle(settle("after", prompt=10, completion=10))
-        assert (old.charged_micros, new.charged_micros) == (30, 70)
-    finally:
-        await b.aclose()
-
-
-async def test_hard_and_soft_limits_with_a_daily_reset(billing_at: Billing, clock: Clock) -> None:
-    b = billing_at
-    await b.budgets.set(BudgetLimits("acme", "", Period.DAY, 1000, 600))
-    first = await b.ledger.reserve(reserve("r1", prompt=1000, max_completion=500))  # 450
-    assert not first.soft_limit_exceeded
-    second = await b.ledger.reserve(reserve("r2", prompt=1000, max_completion=500))  # 900
-    assert second.soft_limit_exceeded
-    with pytest.raises(QuotaExceeded) as info:
-        await b.ledger.reserve(reserve("r3", prompt=1000, max_completion=500))
-    (violation,) = info.value.violations
-    assert violation.subject == "tenant:acme"
-    assert "1000" in violation.description
-    assert info.value.retry_after_s == pytest.approx((T0 // DAY_MS + 1) * DAY_MS / 1000 - T0 / 1000)
-    # A refused request holds nothing and can be retried once the period resets.
-    clock.now = (T0 // DAY_MS + 1) * DAY_MS
-    third = await b.ledger.reserve(reserve("r3", prompt=1000, max_completion=500))
-    assert not third.duplicate
-    status = await b.budgets.get("acme", "")
-    assert (status.spent_micros, status.reserved_micros) == (0, 450)
-    assert status.resets_at_ms == clock.now + DAY_MS
-
-
-async def test_key_budget_is_checked_next_to_the_tenant_budget(billing_at: Billing) -> None:
-    b = billing_at
-    await b.budgets.set(BudgetLimits("acme", "k1", Period.TOTAL, 500, 0))
-    await b.ledger.reserve(reserve("r1"))
-    with pytest.raises(QuotaExceeded) as info:
-        await b.ledger.reserve(reserve("r2"))
-    assert info.value.violations[0].subject == "key:k1"
-    assert info.value.retry_after_s is None  # a TOTAL budget never resets
-    assert not (await b.ledger.reserve(reserve("r2", key="k2"))).duplicate
-
-
-async def test_concurrent_reserves_never_pass_a_hard_limit(
-    billing_at: Billing, reserve_of: Callable[..., int]
-) -> None:
-    b, amount = billing_at, reserve_of("small", 1000, 500)
-    await b.budgets.set(BudgetLimits("acme", "", Period.TOTAL, 37 * amount + amount // 2, 0))
-
-    async def attempt(i: int) -> bool:
-        try:
-            await b.ledger.reserve(reserve(f"r{i}"))
-        except QuotaExceeded:
-            return False
-        return True
-
-    admitted = await asyncio.gather(*(attempt(i) for i in range(200)))
-    assert sum(admitted) == 37
-    status = await b.budgets.get("acme", "")
-    assert status.reserved_micros == 37 * amount
-
-
-async def test_usage_buckets_by_hour_day_and_total(billing_at: Billing, clock: Clock) -> None:
-    b = billing_at
-    # 22:30, 23:30 on day D, 00:30 on day D+1.
-    for i in range(3):
-        clock.now = T0 + i * HOUR_MS
-        await b.ledger.reserve(reserve(f"r{i}", key="k1" if i < 2 else "k2"))
-        await b.ledger.settle(settle(f"r{i}", prompt=1000, completion=100 * (i + 1)))
-
-    def query(granularity: Granularity, key: str = "") -> UsageQuery:
-        return UsageQuery("acme", key, "", T0 - 3 * HOUR_MS, T0 + 3 * HOUR_MS, granularity)
-
-    hours = await b.usage.usage(query(Granularity.HOUR))
-    assert [bk.start_ms for bk in hours.buckets] == [
-        T0 - HOUR_MS // 2 + i * HOUR_MS for i in range(3)
-    ]
-    assert [bk.totals.completion_tokens for bk in hours.buckets] == [100, 200, 300]
-    days = await b.usage.usage(
-        UsageQuery("acme", "", "", T0 - DAY_MS, T0 + 2 * DAY_MS, Granularity.DAY)
-    )
-    assert [bk.totals.requests for bk in days.buckets] == [2, 1]
-    total = await b.usage.usage(query(Granularity.TOTAL))
-    assert total.total == hours.total == days.total
-    assert total.total.completion_tokens == 600
-    assert (await b.usage.usage(query(Granularity.TOTAL, "k2"))).total.requests == 1
-    # A range of whole days is read from day counters, its edges from hour counters.
-    wide = await b.usage.usage(
-        UsageQuery("acme", "", "", T0 - 30 * DAY_MS, T0 + 30 * DAY_MS, Granularity.TOTAL)
-    )
-    assert wide.total == total.total
-
-
-async def test_export_pages_through_requests_admitted_in_the_same_millisecond(
-    billing_at: Billing, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(invoice, "PAGE", 3)
-    b = billing_at
-    rids = [f"r{i:02d}" for i in range(10)]
-    for rid in rids:
-        await b.ledger.reserve(reserve(rid))
-        await b.ledger.settle(settle(rid))
-    await b.ledger.reserve(reserve("open"))  # open reservations are not invoiced
-    lines = [line async for line in b.invoices.lines(None, T0, T0 + 1)]
-    assert [line.split(",")[0] for line in lines[1:]] == rids
-    first = lines[1].split(",")
-    assert first[1:8] == ["acme", "k1", "small", "2026-03-10T22:30:00.000Z",
-                          "2026-03-10T22:30:00.000Z", "settled", "1000"]  # fmt: skip
-    assert first[-2:] == ["USD", "stop"]
 
 
 async def test_mixed_random_traffic_matches_an_independent_sum(
