@@ -16,7 +16,7 @@ from billing_config import (
     STREAM_ARM,
     STREAM_TIMER_ARM,
 )
-from billing_report import pair_p99
+from billing_verdicts import pair_p99
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
