@@ -65,17 +65,7 @@ async def measure_overhead(
         temperature=0.0, max_tokens=OVERHEAD_MAX_TOKENS, ignore_eos=True
     )
     rng = random.Random(7)
-    words = [rng.choice(WORDS) for _ in range(requests + 20)]
-    # One prompt variant per router: routers share the response cache and must not hit each
-    # other's entries. The direct path sends the first router's prompts.
-    prompts = {
-        name: [
-            f"Question {tag}{chr(65 + n)}{i}: how far is the {w} from here?"
-            for i, w in enumerate(words)
-        ]
-        for n, name in enumerate(routers)
-    }
-    prompts["direct"] = prompts[next(iter(routers))]
+    prompts = overhead_prompts(rng, list(routers), requests + 20, tag)
     async with contextlib.AsyncExitStack() as stack:
         channels = {
             name: await stack.enter_async_context(grpc.aio.insecure_channel(p.target))
@@ -140,15 +130,39 @@ async def measure_overhead(
             name: (process_cpu_s(p.process.pid) - cpu_before[name]) / requests
             for name, p in routers.items()
         }
+    return overhead_report(samples, cpu, requests, cache_service=bool(deps.get("cache")))
+
+
+def overhead_prompts(
+    rng: random.Random, routers: list[str], count: int, tag: str
+) -> dict[str, list[str]]:
+    """One prompt variant per router: routers share the response cache and must not hit each
+    other's entries. The direct path sends the first router's prompts."""
+    words = [rng.choice(WORDS) for _ in range(count)]
+    prompts = {
+        name: [
+            f"Question {tag}{chr(65 + n)}{i}: how far is the {w} from here?"
+            for i, w in enumerate(words)
+        ]
+        for n, name in enumerate(routers)
+    }
+    prompts["direct"] = prompts[routers[0]]
+    return prompts
+
+
+def overhead_report(
+    samples: dict[str, list[float]], cpu: dict[str, float], requests: int, *, cache_service: bool
+) -> dict[str, Any]:
+    """Latency of each path, what each router adds to the direct path, its CPU per request."""
     direct_stats = Stats.of(samples["direct"])
     report: dict[str, Any] = {
         "requests_per_path": requests,
         "concurrency": 1,
         "max_tokens": OVERHEAD_MAX_TOKENS,
-        "cache_service": bool(deps.get("cache")),
+        "cache_service": cache_service,
         "direct_ms": asdict(direct_stats),
     }
-    for name in routers:
+    for name in cpu:
         stats = Stats.of(samples[name])
         paired = Stats.of([r - d for r, d in zip(samples[name], samples["direct"], strict=True)])
         report[name] = {
