@@ -62,8 +62,12 @@ def test_alerts_cover_errors_latency_breakers_and_budgets() -> None:
 def test_kubernetes_scrape_config_and_adapter_rules_load() -> None:
     k8s = load(PROMETHEUS / "prometheus-k8s.yml")
     assert {j["job_name"] for j in k8s["scrape_configs"]} == {"llm-services", "envoy-sidecars"}
-    (rule,) = load(PROMETHEUS / "adapter-rules.yaml")["rules"]
-    assert rule["seriesQuery"].startswith("vllm:num_requests_waiting")
+    # The HPA's two signals: queue depth and KV-cache usage.
+    queue, kv_usage = load(PROMETHEUS / "adapter-rules.yaml")["rules"]
+    assert queue["seriesQuery"].startswith("vllm:num_requests_waiting")
+    assert queue["name"]["as"] == "llm_inference_queue_depth"
+    assert kv_usage["seriesQuery"].startswith("vllm:kv_cache_usage_perc")
+    assert kv_usage["name"]["as"] == "llm_inference_kv_cache_usage"
 
 
 def test_dashboard_panels() -> None:
