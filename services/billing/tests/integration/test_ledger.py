@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-import redis
-import redis.asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,27 +29,9 @@ from llm_common.errors import (
 )
 from llm_common.redis_conn import open_sync_client
 
-from .ledger_helpers import T0, TTL_MS, Clock, dump, reserve, settle, totals, wired_billing
+from .ledger_helpers import T0, TTL_MS, Clock, dump, reserve, settle, totals
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture(params=["mux", "pool"])
-async def billing_at(
-    request: pytest.FixtureRequest,
-    settings: Settings,
-    prices: PriceBook,
-    clock: Clock,
-    redis_client: redis.asyncio.Redis,
-) -> AsyncIterator[Billing]:
-    """The wired service on a fake clock, over RedisMux and over redis-py's pool."""
-    async with wired_billing(request.param, settings, prices, clock) as built:
-        yield built
 
 
 PRICE = st.integers(0, MAX_PRICE_MICROS_PER_MTOK)

@@ -4,7 +4,7 @@ concurrent), usage buckets and the invoice export."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import redis.asyncio
 from llm_billing import invoice
 from llm_billing.budgets import BudgetLimits
 from llm_billing.config import Settings
-from llm_billing.prices import PriceBook, load_prices
+from llm_billing.prices import load_prices
 from llm_billing.server import Billing, build_billing
 from llm_billing.timeutil import DAY_MS, HOUR_MS, Period
 from llm_billing.usage import Granularity, UsageQuery
@@ -23,27 +23,9 @@ from llm_common.errors import (
     QuotaExceeded,
 )
 
-from .ledger_helpers import T0, Clock, reserve, settle, wired_billing
+from .ledger_helpers import T0, Clock, reserve, settle
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture(params=["mux", "pool"])
-async def billing_at(
-    request: pytest.FixtureRequest,
-    settings: Settings,
-    prices: PriceBook,
-    clock: Clock,
-    redis_client: redis.asyncio.Redis,
-) -> AsyncIterator[Billing]:
-    """The wired service on a fake clock, over RedisMux and over redis-py's pool."""
-    async with wired_billing(request.param, settings, prices, clock) as built:
-        yield built
 
 
 async def test_price_change_applies_to_requests_admitted_after_it(
