@@ -8,13 +8,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dnslib import QTYPE, RR, A
-from dnslib.server import BaseResolver, DNSServer
 from prometheus_client import CollectorRegistry
 
 from llm_common.models_config import Deployment, Discovery
@@ -31,34 +29,9 @@ from llmapi.common.v1 import common_pb2
 from llmapi.llm.v1 import llm_service_pb2 as pb
 
 from .conftest import ENGINE, Stack, router_settings, running_router, wait_for, with_deployments
+from .fleet import NAME, dns_server
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio(loop_scope="session")]
-NAME = "inference.llm.test."
-
-
-class Records(BaseResolver):  # type: ignore[misc]
-    """Answers A queries for NAME with whatever `addresses` holds at the time."""
-
-    def __init__(self) -> None:
-        self.addresses: list[str] = []
-
-    def resolve(self, request: Any, handler: Any) -> Any:
-        reply = request.reply()
-        if str(request.q.qname) == NAME and request.q.qtype == QTYPE.A:
-            for address in self.addresses:
-                reply.add_answer(RR(NAME, QTYPE.A, rdata=A(address), ttl=1))
-        return reply
-
-
-@contextlib.contextmanager
-def dns_server() -> Iterator[tuple[Records, int]]:
-    records, port = Records(), free_port()
-    server = DNSServer(records, port=port, address="127.0.0.1")
-    server.start_thread()
-    try:
-        yield records, port
-    finally:
-        server.stop()
 
 
 @contextlib.asynccontextmanager
