@@ -53,6 +53,7 @@ from llm_testing.redis_cluster_local import LocalCluster, server_binary
 ROOT = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).parent / "results" / "cluster.json"
 TENANTS = [f"bench-t{i}" for i in range(64)]
+CACHE_PREFIX = "bench:cache:"
 IN_FLIGHT = 64
 GOAL = 0.8
 
@@ -114,11 +115,17 @@ async def billing_rate(url: str, seconds: float, wait_replicas: int, workdir: Pa
         await billing.aclose()
 
 
-async def cache_p50_ms(url: str, lookups: int) -> float:
-    settings = CacheRedisSettings(url=url, key_prefix="bench:cache:", timeout_s=5.0)
+def cache_store(url: str) -> tuple[RedisStore, redis.asyncio.Redis]:
+    """The cache's store on `url` under the bench prefix (no byte budget to speak of), and
+    its client (closed by the caller after the store)."""
+    settings = CacheRedisSettings(url=url, key_prefix=CACHE_PREFIX, timeout_s=5.0)
     client = redis_client(settings)
     breaker = AsyncBreaker("bench", fail_max=10**6, metrics=BreakerMetrics(CollectorRegistry()))
-    store = RedisStore(client, settings, Policy(tenant_budget_bytes=1 << 32), breaker)
+    return RedisStore(client, settings, Policy(tenant_budget_bytes=1 << 32), breaker), client
+
+
+async def cache_p50_ms(url: str, lookups: int) -> float:
+    store, client = cache_store(url)
     now = int(time.time() * 1000)
     try:
         for i, tenant in enumerate(TENANTS):
@@ -140,11 +147,8 @@ async def cache_p50_ms(url: str, lookups: int) -> float:
 async def change_log_appends(url: str, masters: list[int]) -> dict[str, float]:
     """Each master's share of the cache's change-log appends when every tenant stores once
     (the log is sharded by tenant so that no master takes them all)."""
-    settings = CacheRedisSettings(url=url, key_prefix="bench:cache:", timeout_s=5.0)
-    client = redis_client(settings)
-    breaker = AsyncBreaker("bench", fail_max=10**6, metrics=BreakerMetrics(CollectorRegistry()))
-    store = RedisStore(client, settings, Policy(), breaker)
-    log = ChangeLog(store, client, "bench:cache:", CacheMetrics(CollectorRegistry()))
+    store, client = cache_store(url)
+    log = ChangeLog(store, client, CACHE_PREFIX, CacheMetrics(CollectorRegistry()))
     before = {p: _xadds(p) for p in masters}
     try:
         for tenant in TENANTS:

@@ -157,13 +157,9 @@ class ChangeLog:
         while True:
             try:
                 return [await self._last_position(stream) for stream in self.streams]
-            except (RedisError, OSError, StoreUnavailable) as exc:
+            except Exception as exc:
                 failures += 1
-                await self._interrupted(failures, type(exc).__name__)
-            except Exception:  # a bug must not end following for good: streams would hang
-                _log.exception("change log follower failed")
-                failures += 1
-                await self._interrupted(failures, "unexpected")
+                await self._interrupted(failures, exc)
 
     async def _follow(self, stream: str, position: str) -> None:
         failures = 0
@@ -171,13 +167,9 @@ class ChangeLog:
             try:
                 position = await self._read(stream, position)
                 failures = 0
-            except (RedisError, OSError, StoreUnavailable) as exc:
+            except Exception as exc:
                 failures += 1
-                await self._interrupted(failures, type(exc).__name__)
-            except Exception:
-                _log.exception("change log follower failed")
-                failures += 1
-                await self._interrupted(failures, "unexpected")
+                await self._interrupted(failures, exc)
 
     async def _read(self, stream: str, position: str) -> str:
         await self._resend()
@@ -199,7 +191,14 @@ class ChangeLog:
             for listener in self._listeners:
                 await listener.changed(changes)
 
-    async def _interrupted(self, failures: int, error: str) -> None:
+    async def _interrupted(self, failures: int, exc: Exception) -> None:
+        """A read failed: tell the listeners, back off. Any error, bugs included: following
+        must not end for good (the feed's streams would hang)."""
+        if isinstance(exc, (RedisError, OSError, StoreUnavailable)):
+            error = type(exc).__name__
+        else:
+            _log.exception("change log follower failed")
+            error = "unexpected"
         self._metrics.sync_errors.inc()
         for listener in self._listeners:
             listener.interrupted()
