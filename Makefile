@@ -11,12 +11,13 @@ PACKAGES := libs/llmapi-proto libs/llm-common libs/llm-embed libs/llm-testing \
             $(patsubst %/pyproject.toml,%,$(wildcard infra/envoy/pyproject.toml infra/local/pyproject.toml tools/llmctl/pyproject.toml))
 MODEL_ROOT ?= .cache/models
 DEMO_MODEL := $(MODEL_ROOT)/demo-llama
+BENCH_MODEL := $(MODEL_ROOT)/bench-llama
 PYTEST := $(VENV)/bin/pytest
 TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard services/*/src infra/envoy/src infra/local/src tools/llmctl/src) \
          bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e test-chaos test-security ci model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload wheelhouse images test-images \
+        test test-unit test-integration test-e2e test-chaos test-security ci model bench-model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload wheelhouse images test-images \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
         bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster train-verifier
 
@@ -71,6 +72,11 @@ $(MINILM)/config.json:
 $(DEMO_MODEL)/build_info.json: infra/model/build_demo_model.py $(wildcard infra/model/corpus/*)
 	$(PY) infra/model/build_demo_model.py --out $(DEMO_MODEL)
 
+bench-model: setup $(BENCH_MODEL)/build_info.json ## the ~120M-parameter random Llama (GQA) engine benchmarks also run (~0.5 GB)
+
+$(BENCH_MODEL)/build_info.json: infra/model/build_bench_model.py infra/model/build_demo_model.py $(wildcard infra/model/corpus/*)
+	$(PY) infra/model/build_bench_model.py --out $(BENCH_MODEL)
+
 # pytest exits 5 when it collects nothing; make treats that as a failure, as it should.
 test-unit: model ## unit tests (no sockets)
 	$(PYTEST) -q -m "not integration and not e2e and not gpu"
@@ -101,7 +107,7 @@ ci: proto-check proto-lint lint typecheck test ## what .ci/run runs
 bench-tokenizer: model ## gRPC Encode vs in-process tokenizers → bench/results/tokenizer.json
 	$(PY) bench/bench_tokenizer.py --model-root $(MODEL_ROOT)
 
-bench-engine: model ## engine vs transformers generate, prefix caching, RSS → bench/results/engine.json
+bench-engine: model bench-model ## engine vs transformers generate (~120M and demo models), speculative, prefix caching, RSS → bench/results/engine.json
 	$(PY) bench/bench_engine.py
 
 bench-inference: model ## gRPC service vs in-process engine, embeddings → bench/results/inference.json
