@@ -262,6 +262,31 @@ class FeedSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class EncryptionSettings:
+    """Encryption at rest (docs/adr/0015): the master key file, and the unwrapped data keys a
+    replica holds in memory."""
+
+    # `<id>:<base64 of 32 bytes>` lines, the active key first; None: values are stored in the
+    # clear (a warning at start). `make up` and the Kubernetes manifests always set one.
+    master_key_file: Path | None = None
+    dek_cache_size: int = 10_000
+    # A key rotated or shredded elsewhere is noticed here within this long.
+    dek_cache_ttl_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Self:
+        d = cls()
+        key_file = env_str(environ, "CACHE_MASTER_KEY_FILE")
+        return cls(
+            master_key_file=Path(key_file) if key_file else None,
+            dek_cache_size=env_int(environ, "CACHE_DEK_CACHE_SIZE", d.dek_cache_size, min_value=16),
+            dek_cache_ttl_s=env_float(
+                environ, "CACHE_DEK_CACHE_TTL_S", d.dek_cache_ttl_s, min_value=0.1
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """Everything the cache service needs to run."""
 
@@ -271,6 +296,7 @@ class Settings:
     semantic: SemanticSettings = field(default_factory=SemanticSettings)
     limits: Limits = field(default_factory=Limits)
     feed: FeedSettings = field(default_factory=FeedSettings)
+    encryption: EncryptionSettings = field(default_factory=EncryptionSettings)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Self:
@@ -289,4 +315,5 @@ class Settings:
             semantic=SemanticSettings.from_env(environ),
             limits=Limits.from_env(environ),
             feed=FeedSettings.from_env(environ),
+            encryption=EncryptionSettings.from_env(environ),
         )

@@ -15,11 +15,14 @@ from redis.backoff import NoBackoff
 
 from llm_cache.cache import ResponseCache
 from llm_cache.changes import ChangeLog
-from llm_cache.config import RedisSettings, SemanticSettings, Settings
+from llm_cache.config import EncryptionSettings, RedisSettings, SemanticSettings, Settings
+from llm_cache.datakeys import DataKeys, DataKeySettings
 from llm_cache.encoder import Encoder, EncoderLoadError, default_model_dir, fast_dtype
+from llm_cache.envelope import read_key_file
 from llm_cache.feed import ChangeFeed
 from llm_cache.index import VectorIndex
 from llm_cache.metrics import CacheMetrics, default_cache_metrics
+from llm_cache.sealing import EntrySealer
 from llm_cache.semantic import SemanticEngine
 from llm_cache.service import CacheServicer
 from llm_cache.stats import Stats
@@ -28,6 +31,7 @@ from llm_cache.sync import IndexSync
 from llm_cache.verifier import Verifier, VerifierLoadError, default_verifier_dir
 from llm_common import server as common_server
 from llm_common.config import ConfigError
+from llm_common.logging import get_logger
 from llm_common.redis_conn import cluster_client, is_cluster_url, verify_redis
 from llm_common.resilience import AsyncBreaker, BreakerMetrics
 from llm_common.server import BuiltServer, ServiceSpec
@@ -41,6 +45,7 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["CacheService"].full_name
 QUIET_METHODS = frozenset(f"/{SERVICE_NAME}/{m}" for m in ("Lookup", "Store", "RecordHits"))
 BREAKER_NAME = "cache-redis"
 _FOLLOW_TIMEOUT_S = 5.0  # the follower's XREAD blocks for 0.9 s
+_log = get_logger(__name__)
 
 
 def redis_client(settings: RedisSettings, *, timeout_s: float | None = None) -> aioredis.Redis:
@@ -54,6 +59,22 @@ def redis_client(settings: RedisSettings, *, timeout_s: float | None = None) -> 
         socket_connect_timeout=settings.timeout_s,
         retry=Retry(NoBackoff(), 0),
     )
+
+
+def load_sealer(
+    settings: EncryptionSettings, client: aioredis.Redis, key_prefix: str
+) -> EntrySealer | None:
+    """The sealer over the master key file; None (and a warning) without one. ConfigError
+    (naming CACHE_MASTER_KEY_FILE) when the file cannot be used."""
+    if settings.master_key_file is None:
+        _log.warning("CACHE_MASTER_KEY_FILE unset: cached prompts and responses are not encrypted")
+        return None
+    try:
+        ring = read_key_file(settings.master_key_file)
+    except (OSError, ValueError) as exc:
+        raise ConfigError.for_variable("CACHE_MASTER_KEY_FILE", str(exc)) from exc
+    held = DataKeySettings(cache_size=settings.dek_cache_size, ttl_s=settings.dek_cache_ttl_s)
+    return EntrySealer(DataKeys(client, key_prefix, ring, held))
 
 
 def load_encoder(settings: SemanticSettings) -> Encoder:
@@ -108,7 +129,10 @@ class CacheApp:
             reset_timeout_s=settings.redis.breaker_reset_s,
             metrics=breaker_metrics,
         )
-        self.store = RedisStore(self._client, settings.redis, settings.policy, breaker)
+        sealer = load_sealer(settings.encryption, self._client, settings.redis.key_prefix)
+        self.store = RedisStore(
+            self._client, settings.redis, settings.policy, breaker, sealer=sealer
+        )
         self.engine = _engine(settings.semantic, encoder)
         self.changes = ChangeLog(
             self.store, self._follower, settings.redis.key_prefix, self.metrics

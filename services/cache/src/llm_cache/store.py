@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 from llm_cache import scripts
 from llm_cache.canonical import model_tag, tenant_tag
 from llm_cache.config import Policy, RedisSettings
+from llm_cache.sealing import EntrySealer
 from llm_common.redis_mux import Pipelined, eval_script, pipelined
 from llm_common.resilience import AsyncBreaker, BreakerOpen
 
@@ -55,8 +56,12 @@ class NewEntry:
 
     def size(self, key_bytes: int) -> int:
         """Accounted bytes: payload, key name and the fixed bookkeeping overhead."""
-        payload = sum(len(f.encode("utf-8") if isinstance(f, str) else f) for f in self.fields())
-        return payload + key_bytes + ENTRY_OVERHEAD_BYTES
+        return accounted_size(self.fields(), key_bytes)
+
+
+def accounted_size(fields: Sequence[bytes | str], key_bytes: int) -> int:
+    payload = sum(len(f.encode("utf-8") if isinstance(f, str) else f) for f in fields)
+    return payload + key_bytes + ENTRY_OVERHEAD_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +112,10 @@ class TenantKeys:
 
     prefix: str  # "<key prefix>{<tag>}:"
 
+    @property
+    def tag(self) -> str:
+        return self.prefix[self.prefix.index("{") + 1 : self.prefix.index("}")]
+
     def entry(self, entry_id: str) -> str:
         return f"{self.prefix}e:{entry_id}"
 
@@ -126,6 +135,11 @@ class TenantKeys:
     def blocked(self) -> str:
         return f"{self.prefix}blk"
 
+    @property
+    def all_fixed(self) -> list[str]:
+        """The tenant's keys other than entries and model sets (emptied as entries go)."""
+        return [*self.accounting, self.blocked]
+
 
 class RedisStore:
     """Entries of all tenants in one Redis (or Cluster); each call is one round trip.
@@ -135,6 +149,9 @@ class RedisStore:
     get_semantic) travel on `hot` (default: llm_common's auto-pipelined RedisMux on the
     client's endpoint), which costs a fraction of redis-py's CPU per call; everything else
     uses the client's pool.
+
+    With a `sealer`, responses, embeddings and prompt texts are stored encrypted with the
+    tenant's data key (sealing.py); a value that does not open reads as absent.
     """
 
     def __init__(
@@ -146,8 +163,10 @@ class RedisStore:
         *,
         clock: Callable[[], float] = time.time,
         hot: Pipelined | None = None,
+        sealer: EntrySealer | None = None,
     ) -> None:
         self._client = client
+        self.sealer = sealer
         self._hot = hot if hot is not None else pipelined(client, decode=False)
         self._settings = settings
         self._policy = policy
@@ -188,7 +207,10 @@ class RedisStore:
         reply = await self._read("GET_EXACT", [k.entry(entry_id), k.lru], [entry_id, now])
         if not reply:
             return None
-        return Hit(entry_id, reply[0], int(reply[1] or 0), _expiry(now, reply[2]))
+        response = await self._open(k, entry_id, "r", reply[0])
+        if response is None:
+            return None
+        return Hit(entry_id, response, int(reply[1] or 0), _expiry(now, reply[2]))
 
     async def get_semantic(
         self, tenant: str, query_digest: str, candidates: Sequence[str]
@@ -199,12 +221,22 @@ class RedisStore:
         found, response, created, missing, blocked, ttl = await self._read(
             "GET_SEMANTIC", [k.lru, k.blocked], args
         )
-        hit = Hit(_text(found), response, int(created or 0), _expiry(now, ttl)) if found else None
-        return SemanticFetch(hit, _ids(missing), _ids(blocked))
+        gone, hit = _ids(missing), None
+        if found:
+            entry_id = _text(found)
+            opened = await self._open(k, entry_id, "r", response)
+            if opened is None:  # unreadable: as good as gone
+                gone = (*gone, entry_id)
+            else:
+                hit = Hit(entry_id, opened, int(created or 0), _expiry(now, ttl))
+        return SemanticFetch(hit, gone, _ids(blocked))
 
     async def put(self, tenant: str, entry: NewEntry) -> PutResult:
         k = self.keys(tenant)
-        size = entry.size(len(k.entry(entry.entry_id)))
+        fields = entry.fields()
+        if self.sealer is not None:
+            fields = await self._sealing(self.sealer.seal_fields, k.tag, entry.entry_id, fields)
+        size = accounted_size(fields, len(k.entry(entry.entry_id)))
         args = [
             k.prefix,
             entry.entry_id,
@@ -213,7 +245,7 @@ class RedisStore:
             size,
             self._policy.tenant_budget_bytes,
             model_tag(entry.model),
-            *entry.fields(),
+            *fields,
         ]
         evicted, expired = await self._run("STORE", k.accounting, args)
         await self._remember_tenant(tenant)
@@ -231,6 +263,19 @@ class RedisStore:
     async def invalidate_tenant(self, tenant: str) -> list[str]:
         k = self.keys(tenant)
         return await self._drain("INVALIDATE_TENANT", k.accounting, k.prefix)
+
+    async def forget_tenant(self, tenant: str) -> list[str]:
+        """Remove everything of the tenant: entries, Feedback blocks, accounting, its data
+        keys (crypto-shredding copies of its values elsewhere) and its place in the tenant
+        set. Returns the ids of the entries removed."""
+        k = self.keys(tenant)
+        removed = await self.invalidate_tenant(tenant)
+        await self._call(self._client.delete, *k.all_fixed)
+        if self.sealer is not None:
+            await self._sealing(self.sealer.keys.destroy, k.tag)
+        await self._call(self._client.srem, self.tenants_key, k.tag)
+        self._known_tenants.discard(k.tag)
+        return removed
 
     async def feedback(self, tenant: str, entry_id: str, query_digest: str | None) -> bool:
         """Remove the entry; block (query, entry) for the configured time when given."""
@@ -283,11 +328,29 @@ class RedisStore:
             for entry_id in ids:
                 pipe.hmget(k.entry(entry_id), "ns", "v", "s")
             rows = await pipe.execute()
-        return [
-            IndexedEntry(entry_id, _text(ns), vector, _text(text))
-            for entry_id, (ns, vector, text) in zip(ids, rows, strict=True)
-            if ns is not None and vector is not None and text is not None
-        ]
+        found = []
+        for entry_id, (ns, vector, text) in zip(ids, rows, strict=True):
+            if ns is None or vector is None or text is None:
+                continue
+            vector = await self._open(k, entry_id, "v", vector)
+            text = await self._open(k, entry_id, "s", text)
+            if vector is not None and text is not None:
+                found.append(IndexedEntry(entry_id, _text(ns), vector, _text(text)))
+        return found
+
+    async def _open(self, k: TenantKeys, entry_id: str, field: str, value: bytes) -> bytes | None:
+        """A stored value in the clear (as stored when unsealed); None when it does not open."""
+        if self.sealer is None:
+            return value
+        return await self._sealing(self.sealer.open, k.tag, entry_id, field, value)
+
+    async def _sealing(self, fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """A data key operation: Redis trouble is StoreUnavailable. Not under the breaker:
+        held keys make it a dictionary look-up on the hot path, without a Redis call."""
+        try:
+            return await fn(*args, **kwargs)
+        except (TimeoutError, RedisError, OSError) as exc:
+            raise StoreUnavailable(type(exc).__name__) from exc
 
     async def _touch(self, used: Mapping[str, Collection[str]], now: int) -> None:
         async with self._client.pipeline(transaction=False) as pipe:
