@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llm_envoy.body_limits import buffer_filter
 from llm_envoy.clusters import dns_cache_config
 from llm_envoy.policy_model import (
     AUTHZ_ERROR_STATUSES,
@@ -259,8 +260,9 @@ def local_ratelimit_filter(bucket: LocalRateLimit) -> Config:
 
 
 def edge_filters(targets: AuthTargets, policy: EdgePolicy) -> list[Config]:
-    """Order matters: strip spoofed identity, (bucket,) authenticate, transcode, rate limit,
-    route."""
+    """Order matters: strip spoofed identity, (bucket,) bound the body, authenticate,
+    transcode, rate limit, route. The body limit goes before ext_authz: a body that arrives
+    whole while auth is asked would reach a later buffer filter as complete, unchecked."""
     bucket = (
         [] if policy.local_rate_limit is None else [local_ratelimit_filter(policy.local_rate_limit)]
     )
@@ -268,6 +270,7 @@ def edge_filters(targets: AuthTargets, policy: EdgePolicy) -> list[Config]:
         health_check_filter(),
         strip_identity_filter(),
         *bucket,
+        *buffer_filter(policy.limits),
         ext_authz_filter(targets, policy.ext_authz),
         rbac_filter(),
         transcoder_filter(policy.limits),

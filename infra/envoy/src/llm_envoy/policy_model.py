@@ -248,7 +248,8 @@ class Limits:
 
     max_request_headers_kb: int = bounded(60, 1, 8192)
     listener_buffer_limit_bytes: int | None = bounded(None, 1024, 2**31 - 1, optional=True)
-    max_request_body_bytes: int | None = bounded(None, 1024, 2**31 - 1, optional=True)
+    # The router's own limit (OpenAI HTTP body, gRPC message): the edge refuses first, 413.
+    max_request_body_bytes: int | None = bounded(4 * 1024 * 1024, 1024, 2**31 - 1, optional=True)
     max_response_body_bytes: int | None = bounded(None, 1024, 2**31 - 1, optional=True)
 
 
