@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import cache_encryption
 import cache_heldout
 import grpc
 import machine
@@ -772,6 +773,7 @@ def main() -> None:
         url = redis.url
     try:
         rows, precision = latency(url, sizes, paraphrases, qqp, encoder, args.threads)
+        encryption = cache_encryption.section(url)  # encryption on vs off, same Redis
     finally:
         if redis is not None:
             redis.stop()
@@ -836,6 +838,7 @@ def main() -> None:
         }
     held["goals"] = cache_heldout.goals(held, added)
     result["held_out"] = held
+    result["encryption"] = encryption
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cache.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     plot(result, args.out / "cache.png")
