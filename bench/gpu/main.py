@@ -1,0 +1,172 @@
+"""GPU benchmark: bf16 correctness against transformers, throughput at batch 1/16/64, and decode
+step time against the memory-bandwidth roofline, for a random ~1.1B Llama. Run via
+bench/gpu/run.sh (which bounds it to 8 minutes); --dry-run runs the same code on CPU with a tiny
+model of the same architecture.
+
+Writes bench/results/gpu.json (--dry-run: gpu-dry-run.json). Exit status: 0 when the
+correctness check passed, 1 when it failed, 2 when there is no CUDA device and no --dry-run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from gpu.check import Case, check_against_transformers
+from gpu.model import LLAMA_1B, TINY, ModelShape, build_checkpoint
+from gpu.roofline import Bandwidth, copy_bandwidth, step_roofline
+from gpu.runs import BatchRun, engine_config, random_requests, run_batch, start_engine
+
+from llm_inference.engine.config import Device
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_CUDA = (
+    "no CUDA device is visible (torch.cuda.is_available() is False): run this on a machine "
+    "with an NVIDIA GPU and a CUDA build of torch, or pass --dry-run to run the same code "
+    "paths on CPU with a tiny model"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    shape: ModelShape
+    device: Device
+    prompt_len: int
+    max_tokens: int
+    batches: tuple[int, ...]
+    check_cases: int
+    check_tokens: int
+    kv_cache_bytes: int
+    copy_buffer_bytes: int
+    result_name: str
+
+
+FULL = Plan(LLAMA_1B, "cuda", 128, 128, (1, 16, 64), 4, 64, 4 << 30, 1 << 30, "gpu.json")
+DRY = Plan(TINY, "cpu", 32, 8, (1, 16, 64), 2, 8, 64 << 20, 32 << 20, "gpu-dry-run.json")
+
+
+async def measure_engine(plan: Plan, model_dir: Path) -> tuple[dict[int, BatchRun], list[Case]]:
+    """Throughput at each batch size (after a short warm-up at that size), then the
+    correctness cases, all on one engine."""
+    config = engine_config(plan.device, plan.kv_cache_bytes, max(plan.batches))
+    engine = await start_engine(model_dir, config)
+    vocab = plan.shape.vocab_size
+    try:
+        runs: dict[int, BatchRun] = {}
+        for batch in plan.batches:
+            warm = random_requests(batch, plan.prompt_len, 4, vocab, seed=batch + 1000)
+            await run_batch(engine, warm, f"warm{batch}")
+            requests = random_requests(batch, plan.prompt_len, plan.max_tokens, vocab, seed=batch)
+            runs[batch] = await run_batch(engine, requests, f"b{batch}")
+        checks = random_requests(plan.check_cases, plan.prompt_len, plan.check_tokens, vocab, 7)
+        done = await run_batch(engine, checks, "check")
+        cases = [Case(r.prompt, o.token_ids) for r, o in zip(checks, done.outputs, strict=True)]
+        return runs, cases
+    finally:
+        await engine.stop()
+
+
+def throughput_report(
+    plan: Plan, runs: dict[int, BatchRun], bandwidth: Bandwidth
+) -> dict[str, Any]:
+    mean_context = plan.prompt_len + plan.max_tokens / 2
+    return {
+        f"batch={batch}": {
+            "requests": batch,
+            "output_tokens": run.output_tokens,
+            "seconds": run.seconds,
+            "output_tokens_per_s": run.tokens_per_s,
+            "median_ttft_ms": sorted(o.ttft_ms for o in run.outputs)[len(run.outputs) // 2],
+            "decode": step_roofline(plan.shape, batch, mean_context, bandwidth, run.median_step_ms),
+        }
+        for batch, run in runs.items()
+    }
+
+
+def machine(device: str) -> dict[str, Any]:
+    info: dict[str, Any] = {"platform": platform.platform(), "torch": torch.__version__}
+    if device.startswith("cuda"):
+        props = torch.cuda.get_device_properties(0)
+        info |= {
+            "gpu": props.name,
+            "gpu_memory_bytes": props.total_memory,
+            "cuda": torch.version.cuda,
+            "compute_capability": f"{props.major}.{props.minor}",
+        }
+    return info
+
+
+def run(plan: Plan, model_dir: Path) -> dict[str, Any]:
+    began = time.perf_counter()
+    bandwidth = copy_bandwidth(plan.device, plan.copy_buffer_bytes)
+    build_checkpoint(plan.shape, model_dir, plan.device)
+    runs, cases = asyncio.run(measure_engine(plan, model_dir))
+    if plan.device == "cuda":
+        torch.cuda.empty_cache()
+    check = check_against_transformers(model_dir, plan.device, cases)
+    return {
+        "benchmark": "engine on GPU: bf16 correctness, throughput, decode roofline",
+        "model": plan.shape.name,
+        "parameters": plan.shape.parameter_count(),
+        "dtype": "bfloat16",
+        "device": plan.device,
+        "dry_run": plan is DRY,
+        "workload": {"prompt_tokens": plan.prompt_len, "max_tokens": plan.max_tokens},
+        "copy_bandwidth_gb_per_s": bandwidth.bytes_per_s / 1e9,
+        "copy_buffer_bytes": bandwidth.buffer_bytes,
+        "throughput": throughput_report(plan, runs, bandwidth),
+        "correctness": check,
+        "seconds": time.perf_counter() - began,
+        "machine": machine(plan.device),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--dry-run", action="store_true", help="tiny model on CPU, same code")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--model-dir", type=Path, help="where the random checkpoint is built")
+    args = parser.parse_args(argv)
+    plan = DRY if args.dry_run else FULL
+    if plan.device == "cuda" and not torch.cuda.is_available():
+        print(f"bench/gpu/run.sh: {NO_CUDA}", file=sys.stderr)
+        return 2
+    model_dir = args.model_dir or ROOT / ".cache" / "models" / plan.shape.name
+    summary = run(plan, model_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / plan.result_name
+    path.write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
+    print_summary(summary, path)
+    return 0 if summary["correctness"]["passed"] else 1
+
+
+def print_summary(summary: dict[str, Any], path: Path) -> None:
+    print(f"{summary['model']} on {summary['device']}: copy bandwidth "
+          f"{summary['copy_bandwidth_gb_per_s']:.1f} GB/s")  # fmt: skip
+    for name, row in summary["throughput"].items():
+        decode = row["decode"]
+        print(
+            f"  {name:>9}: {row['output_tokens_per_s']:9.1f} tok/s, decode step "
+            f"{decode['measured_step_ms']:.2f} ms vs roofline {decode['roofline_step_ms']:.3f} ms "
+            f"({decode['efficiency']:.1%})"
+        )
+    check = summary["correctness"]
+    print(
+        "  correctness vs transformers: top-1 agreement "
+        f"{check['teacher_forced_top1_agreement']:.3f}, "
+        f"max gap {check['max_logit_gap']:.3f}, exact {check['exact_sequence_matches']}/"
+        f"{check['cases']} -> {'passed' if check['passed'] else 'FAILED'}"
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""bench/gpu/run.sh: --dry-run runs the GPU benchmark's code paths (checkpoint build, engine
+throughput at batch 1/16/64, roofline, bf16 check against transformers) on CPU with a tiny
+model; without CUDA and without --dry-run it refuses with a clear message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = REPO / "bench" / "gpu" / "run.sh"
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(RUN), *args],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})},
+        check=False,
+    )
+
+
+@pytest.mark.slow
+def test_dry_run_measures_and_checks_the_tiny_model(tmp_path: Path) -> None:
+    proc = _run("--dry-run", "--out", str(tmp_path), "--model-dir", str(tmp_path / "model"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "gpu-dry-run.json").read_text("utf-8"))
+    assert summary["dry_run"] is True
+    assert summary["dtype"] == "bfloat16"
+    check = summary["correctness"]
+    assert check["passed"]
+    assert check["tokens_checked"] == check["cases"] * 8
+    assert check["teacher_forced_top1_agreement"] >= check["criteria"]["min_top1_agreement"]
+    assert summary["copy_bandwidth_gb_per_s"] > 0
+    assert set(summary["throughput"]) == {"batch=1", "batch=16", "batch=64"}
+    for name, row in summary["throughput"].items():
+        batch = int(name.split("=")[1])
+        assert row["output_tokens"] == batch * summary["workload"]["max_tokens"]
+        decode = row["decode"]
+        assert decode["measured_step_ms"] > 0
+        assert decode["roofline_step_ms"] > 0
+        assert decode["kv_bytes"] > 0
+        assert decode["weight_bytes"] > 0
+    # More sequences read more KV: the roofline grows with the batch.
+    floors = [summary["throughput"][f"batch={b}"]["decode"]["kv_bytes"] for b in (1, 16, 64)]
+    assert floors == sorted(floors)
+    assert floors[0] < floors[-1]
+
+
+def test_without_cuda_it_asks_for_a_gpu_or_dry_run(tmp_path: Path) -> None:
+    proc = _run("--out", str(tmp_path), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert proc.returncode == 2
+    assert "no CUDA device" in proc.stderr
+    assert "--dry-run" in proc.stderr
+    assert not (tmp_path / "gpu.json").exists()
