@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from llm_cache.envelope import read_key_file
 from llm_common.config import ConfigError
 from llm_common.grpc_runtime import GRPC_RUNTIME_ENV
 from llm_stack import catalogue
@@ -140,8 +141,12 @@ def test_secrets_are_private_and_stable(tmp_path: Path) -> None:
     assert stat.S_IMODE(first.pepper_file.stat().st_mode) == 0o600
     assert stat.S_IMODE(first.admin_key_file.stat().st_mode) == 0o600
     assert len(first.pepper_file.read_text().strip()) >= 32
+    assert stat.S_IMODE(first.cache_master_key_file.stat().st_mode) == 0o600
+    master = first.cache_master_key_file.read_text()
     again = ensure_credentials(tmp_path / "secrets")
     assert again.admin_key == first.admin_key  # keys in Redis stay valid across restarts
+    assert again.cache_master_key_file.read_text() == master  # so do cached entries
+    assert read_key_file(again.cache_master_key_file).key_ids() == ("k1",)
 
 
 def test_api_keys_have_auth_s_format() -> None:

@@ -1,4 +1,5 @@
-"""The stack's own secrets (auth pepper, bootstrap admin key), kept in the run directory.
+"""The stack's own secrets (auth pepper, bootstrap admin key, the cache's master key), kept in
+the run directory.
 
 They persist across restarts because Redis does: keys stored under one pepper are unusable
 under another. Files are created 0600; the services read them through `*_FILE` variables.
@@ -6,6 +7,7 @@ under another. Files are created 0600; the services read them through `*_FILE` v
 
 from __future__ import annotations
 
+import base64
 import os
 import secrets
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from pathlib import Path
 
 PEPPER_FILE = "auth-pepper"
 ADMIN_KEY_FILE = "admin-api-key"
+CACHE_MASTER_KEY_FILE = "cache-master.keys"  # `<id>:<base64 32 bytes>` lines, active first
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +25,7 @@ class Credentials:
     pepper_file: Path
     admin_key_file: Path
     admin_key: str
+    cache_master_key_file: Path
 
 
 def new_api_key() -> str:
@@ -45,4 +49,8 @@ def ensure_credentials(directory: Path) -> Credentials:
     admin = directory / ADMIN_KEY_FILE
     _ensure(pepper, secrets.token_urlsafe(48))
     key = _ensure(admin, new_api_key())
-    return Credentials(pepper_file=pepper, admin_key_file=admin, admin_key=key)
+    master = directory / CACHE_MASTER_KEY_FILE
+    _ensure(master, f"k1:{base64.b64encode(secrets.token_bytes(32)).decode()}")
+    return Credentials(
+        pepper_file=pepper, admin_key_file=admin, admin_key=key, cache_master_key_file=master
+    )

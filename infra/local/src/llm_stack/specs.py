@@ -106,6 +106,7 @@ def core_specs(shared: Shared) -> list[ProcessSpec]:
         # One encoder thread: the host's cores are shared by every process of the stack.
         "cache": redis
         | {"CACHE_KEY_PREFIX": f"{prefix}llmcache:", "CACHE_ENCODER_THREADS": "1"}
+        | {"CACHE_MASTER_KEY_FILE": str(shared.credentials.cache_master_key_file)}
         | {"OMP_NUM_THREADS": "1"},
         "billing": redis
         | {"PRICES_CONFIG": str(c.prices_config), "BILLING_KEY_PREFIX": f"{prefix}billing:"}

@@ -79,6 +79,10 @@ class DataKeys:
     def provider(self) -> MasterKeyProvider:
         return self._provider
 
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._client
+
     def hash_key(self, tag: str) -> str:
         return f"{self._prefix}{{{tag}}}:dek"
 
