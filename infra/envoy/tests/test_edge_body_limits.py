@@ -8,21 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import grpc
 import pytest
 import pytest_asyncio
 
-from llm_auth.testing import delete_prefix, make_settings, serving, unique_prefix
 from llm_envoy.body_limits import too_large_message
 from llm_envoy.policy_model import Limits
-from llm_envoy.testing import AuthPorts, RunningEdge, post_body, running_edge
+from llm_envoy.testing import post_body
 from llm_envoy.topology import LLM_SERVICE
 
-from .conftest import PROTOS
+from .edge_auth import Edge, edge_with_auth
 
 pytestmark = [
     pytest.mark.integration,
@@ -35,27 +32,10 @@ OVER = LIMIT + 512 * 1024  # a little over: the test stays cheap
 CHAT = f"/{LLM_SERVICE}/Chat"
 
 
-@dataclass(frozen=True)
-class Edge:
-    envoy: RunningEdge
-    key: str
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def edge(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Edge]:
-    prefix = unique_prefix()
-    settings = make_settings(redis_url, prefix, http_authz_port=0)
-    try:
-        async with serving(settings) as auth:
-            assert auth.app.http_authz is not None
-            _, key = await auth.create_key(f"t-{uuid.uuid4().hex[:8]}")
-            ports = AuthPorts(grpc=auth.port, http=auth.app.http_authz.port)
-            workdir = tmp_path_factory.mktemp("edge")
-            healthy = ("router", "auth_http")
-            async with running_edge(workdir, PROTOS, auth=ports, healthy=healthy) as envoy:
-                yield Edge(envoy, key.text)
-    finally:
-        await delete_prefix(redis_url, prefix)
+    async with edge_with_auth(redis_url, tmp_path_factory.mktemp("edge")) as running:
+        yield running
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])

@@ -192,6 +192,9 @@ def transcoder_filter(limits: Limits) -> Config:
         proto_descriptor=DESCRIPTOR,
         services=[LLM_SERVICE],
         auto_mapping=True,
+        # Without it a query string (`?key=...`) made the method unmatched: the JSON body
+        # went to the router untranscoded and came back as a retryable 503 (stream reset).
+        ignore_unknown_query_parameters=True,
         convert_grpc_status=True,
         print_options={
             "add_whitespace": False,
@@ -279,13 +282,28 @@ def edge_filters(targets: AuthTargets, policy: EdgePolicy) -> list[Config]:
     ]
 
 
+# The path without its query string (issue 32, finding 4): a key sent as `?api_key=...` was
+# refused but written to the log. Dropping the whole query is the only scrub that is
+# case- and encoding-proof (`?API%5Fkey=`); none of the public routes takes a query
+# parameter the log needs.
+PATH_WITHOUT_QUERY = "%REQ_WITHOUT_QUERY(X-ENVOY-ORIGINAL-PATH?:PATH)%"
+_REQ_WITHOUT_QUERY = {
+    "name": "envoy.formatter.req_without_query",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.formatter.req_without_query.v3"
+        ".ReqWithoutQuery"
+    },
+}
+
+
 def access_log(stat_prefix: str) -> list[Config]:
-    """One JSON line per request on stdout (buffered about a second by Envoy)."""
+    """One JSON line per request on stdout (buffered about a second by Envoy); never the
+    query string."""
     fields = {
         "ts": "%START_TIME(%Y-%m-%dT%H:%M:%S.%3fZ)%",
         "listener": stat_prefix,
         "method": "%REQ(:METHOD)%",
-        "path": "%REQ(X-ENVOY-ORIGINAL-PATH?:PATH)%",
+        "path": PATH_WITHOUT_QUERY,
         "protocol": "%PROTOCOL%",
         "code": "%RESPONSE_CODE%",
         "grpc_status": "%GRPC_STATUS(NUMBER)%",
@@ -312,6 +330,7 @@ def access_log(stat_prefix: str) -> list[Config]:
                 log_format={
                     "json_format": fields,
                     "json_format_options": {"sort_properties": False},
+                    "formatters": [_REQ_WITHOUT_QUERY],
                 },
             ),
         }

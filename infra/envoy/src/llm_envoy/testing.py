@@ -128,6 +128,7 @@ class RunningEdge:
 
     workdir: Path
     edge_http: str
+    mesh: str  # the mesh's outbound listener (the router's side)
     admin: str  # the admin's read-only loopback listener
     log: Path
     recorder: Recorder
@@ -174,7 +175,13 @@ async def running_edge(
         log = workdir / "envoy.log"
         process = _start_envoy(boot, workdir, log)
         edge = RunningEdge(
-            workdir, f"127.0.0.1:{spec.ports.edge_http}", spec.admin, log, recorder, process
+            workdir,
+            f"127.0.0.1:{spec.ports.edge_http}",
+            f"127.0.0.1:{spec.ports.mesh}",
+            spec.admin,
+            log,
+            recorder,
+            process,
         )
         try:
             await asyncio.to_thread(_wait_healthy, edge, healthy)
