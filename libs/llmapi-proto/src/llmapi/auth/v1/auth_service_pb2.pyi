@@ -381,6 +381,49 @@ class ListKeysResponse(_message.Message):
 Global___ListKeysResponse: _TypeAlias = ListKeysResponse  # noqa: Y015
 
 @_typing.final
+class ForgetTenantRequest(_message.Message):
+    """Tenant erasure request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetTenantRequest: _TypeAlias = ForgetTenantRequest  # noqa: Y015
+
+@_typing.final
+class ForgetTenantResponse(_message.Message):
+    """What was erased."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEYS_DELETED_FIELD_NUMBER: _builtins.int
+    keys_deleted: _builtins.int
+    """Key records deleted."""
+    def __init__(
+        self,
+        *,
+        keys_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["keys_deleted", b"keys_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetTenantResponse: _TypeAlias = ForgetTenantResponse  # noqa: Y015
+
+@_typing.final
 class RevokeKeyRequest(_message.Message):
     """Revocation request."""
 

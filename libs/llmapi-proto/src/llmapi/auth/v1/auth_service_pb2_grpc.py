@@ -65,6 +65,11 @@ class AuthServiceStub:
                 request_serializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.RotateKeyRequest.SerializeToString,
                 response_deserializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.RotateKeyResponse.FromString,
                 _registered_method=True)
+        self.ForgetTenant = channel.unary_unary(
+                '/llmapi.auth.v1.AuthService/ForgetTenant',
+                request_serializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.ForgetTenantRequest.SerializeToString,
+                response_deserializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.ForgetTenantResponse.FromString,
+                _registered_method=True)
         self.ReserveTokens = channel.unary_unary(
                 '/llmapi.auth.v1.AuthService/ReserveTokens',
                 request_serializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.ReserveTokensRequest.SerializeToString,
@@ -131,6 +136,14 @@ class AuthServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetTenant(self, request, context):
+        """Erase a tenant's keys and rate-limit state (admin of the admin tenant;
+        `llmctl tenants forget`). Its keys stop authenticating at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReserveTokens(self, request, context):
         """Reserve tokens against the key's tokens-per-minute limit.
         RESOURCE_EXHAUSTED with QuotaFailure and RetryInfo when over the limit.
@@ -188,6 +201,11 @@ def add_AuthServiceServicer_to_server(servicer, server):
                     servicer.RotateKey,
                     request_deserializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.RotateKeyRequest.FromString,
                     response_serializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.RotateKeyResponse.SerializeToString,
+            ),
+            'ForgetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetTenant,
+                    request_deserializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.ForgetTenantRequest.FromString,
+                    response_serializer=llmapi_dot_auth_dot_v1_dot_auth__service__pb2.ForgetTenantResponse.SerializeToString,
             ),
             'ReserveTokens': grpc.unary_unary_rpc_method_handler(
                     servicer.ReserveTokens,
@@ -351,6 +369,33 @@ class AuthService:
             '/llmapi.auth.v1.AuthService/RotateKey',
             llmapi_dot_auth_dot_v1_dot_auth__service__pb2.RotateKeyRequest.SerializeToString,
             llmapi_dot_auth_dot_v1_dot_auth__service__pb2.RotateKeyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.auth.v1.AuthService/ForgetTenant',
+            llmapi_dot_auth_dot_v1_dot_auth__service__pb2.ForgetTenantRequest.SerializeToString,
+            llmapi_dot_auth_dot_v1_dot_auth__service__pb2.ForgetTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

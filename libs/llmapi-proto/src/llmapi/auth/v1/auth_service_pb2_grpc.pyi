@@ -49,6 +49,10 @@ class AuthServiceStub:
     """Revoke a key at once."""
     RotateKey: _grpc.UnaryUnaryMultiCallable[_auth_service_pb2.RotateKeyRequest, _auth_service_pb2.RotateKeyResponse]
     """Issue a new secret; the old one stays valid for a grace period."""
+    ForgetTenant: _grpc.UnaryUnaryMultiCallable[_auth_service_pb2.ForgetTenantRequest, _auth_service_pb2.ForgetTenantResponse]
+    """Erase a tenant's keys and rate-limit state (admin of the admin tenant;
+    `llmctl tenants forget`). Its keys stop authenticating at once.
+    """
     ReserveTokens: _grpc.UnaryUnaryMultiCallable[_auth_service_pb2.ReserveTokensRequest, _auth_service_pb2.ReserveTokensResponse]
     """Reserve tokens against the key's tokens-per-minute limit.
     RESOURCE_EXHAUSTED with QuotaFailure and RetryInfo when over the limit.
@@ -83,6 +87,10 @@ class AuthServiceAsyncStub(AuthServiceStub):
     """Revoke a key at once."""
     RotateKey: _aio.UnaryUnaryMultiCallable[_auth_service_pb2.RotateKeyRequest, _auth_service_pb2.RotateKeyResponse]  # type: ignore[assignment]
     """Issue a new secret; the old one stays valid for a grace period."""
+    ForgetTenant: _aio.UnaryUnaryMultiCallable[_auth_service_pb2.ForgetTenantRequest, _auth_service_pb2.ForgetTenantResponse]  # type: ignore[assignment]
+    """Erase a tenant's keys and rate-limit state (admin of the admin tenant;
+    `llmctl tenants forget`). Its keys stop authenticating at once.
+    """
     ReserveTokens: _aio.UnaryUnaryMultiCallable[_auth_service_pb2.ReserveTokensRequest, _auth_service_pb2.ReserveTokensResponse]  # type: ignore[assignment]
     """Reserve tokens against the key's tokens-per-minute limit.
     RESOURCE_EXHAUSTED with QuotaFailure and RetryInfo when over the limit.
@@ -144,6 +152,16 @@ class AuthServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_auth_service_pb2.RotateKeyResponse, _abc.Awaitable[_auth_service_pb2.RotateKeyResponse]]:
         """Issue a new secret; the old one stays valid for a grace period."""
+
+    @_abc_1.abstractmethod
+    def ForgetTenant(
+        self,
+        request: _auth_service_pb2.ForgetTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_auth_service_pb2.ForgetTenantResponse, _abc.Awaitable[_auth_service_pb2.ForgetTenantResponse]]:
+        """Erase a tenant's keys and rate-limit state (admin of the admin tenant;
+        `llmctl tenants forget`). Its keys stop authenticating at once.
+        """
 
     @_abc_1.abstractmethod
     def ReserveTokens(

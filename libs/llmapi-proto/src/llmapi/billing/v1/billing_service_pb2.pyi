@@ -71,6 +71,53 @@ BUDGET_PERIOD_TOTAL: BudgetPeriod.ValueType  # 3
 Global___BudgetPeriod: _TypeAlias = BudgetPeriod  # noqa: Y015
 
 @_typing.final
+class ForgetTenantRequest(_message.Message):
+    """Tenant erasure request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetTenantRequest: _TypeAlias = ForgetTenantRequest  # noqa: Y015
+
+@_typing.final
+class ForgetTenantResponse(_message.Message):
+    """What was erased."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    LEDGER_RECORDS_DELETED_FIELD_NUMBER: _builtins.int
+    USAGE_ROWS_DELETED_FIELD_NUMBER: _builtins.int
+    ledger_records_deleted: _builtins.int
+    """Request records deleted from the ledger (Redis)."""
+    usage_rows_deleted: _builtins.int
+    """Request rows deleted from the usage store (0 without one)."""
+    def __init__(
+        self,
+        *,
+        ledger_records_deleted: _builtins.int = ...,
+        usage_rows_deleted: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ledger_records_deleted", b"ledger_records_deleted", "usage_rows_deleted", b"usage_rows_deleted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetTenantResponse: _TypeAlias = ForgetTenantResponse  # noqa: Y015
+
+@_typing.final
 class ReserveRequest(_message.Message):
     """Reserve request."""
 

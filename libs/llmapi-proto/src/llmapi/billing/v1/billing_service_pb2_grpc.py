@@ -109,6 +109,11 @@ class BillingServiceStub:
                 request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceRequest.SerializeToString,
                 response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceResponse.FromString,
                 _registered_method=True)
+        self.ForgetTenant = channel.unary_unary(
+                '/llmapi.billing.v1.BillingService/ForgetTenant',
+                request_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ForgetTenantRequest.SerializeToString,
+                response_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ForgetTenantResponse.FromString,
+                _registered_method=True)
 
 
 class BillingServiceServicer:
@@ -236,6 +241,15 @@ class BillingServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetTenant(self, request, context):
+        """Erase a tenant's per-request records (admin; `llmctl tenants forget`): the
+        ledger's request records and the usage store's request rows. Aggregates
+        (hourly and daily usage, budgets, balances) and issued invoices are kept.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BillingServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -298,6 +312,11 @@ def add_BillingServiceServicer_to_server(servicer, server):
                     servicer.GetInvoice,
                     request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceRequest.FromString,
                     response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceResponse.SerializeToString,
+            ),
+            'ForgetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetTenant,
+                    request_deserializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ForgetTenantRequest.FromString,
+                    response_serializer=llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ForgetTenantResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -639,6 +658,33 @@ class BillingService:
             '/llmapi.billing.v1.BillingService/GetInvoice',
             llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceRequest.SerializeToString,
             llmapi_dot_billing_dot_v1_dot_billing__service__pb2.GetInvoiceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.billing.v1.BillingService/ForgetTenant',
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ForgetTenantRequest.SerializeToString,
+            llmapi_dot_billing_dot_v1_dot_billing__service__pb2.ForgetTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -100,6 +100,11 @@ class BillingServiceStub:
     """
     GetInvoice: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.GetInvoiceRequest, _billing_service_pb2.GetInvoiceResponse]
     """An issued invoice; NOT_FOUND when none was issued for the month."""
+    ForgetTenant: _grpc.UnaryUnaryMultiCallable[_billing_service_pb2.ForgetTenantRequest, _billing_service_pb2.ForgetTenantResponse]
+    """Erase a tenant's per-request records (admin; `llmctl tenants forget`): the
+    ledger's request records and the usage store's request rows. Aggregates
+    (hourly and daily usage, budgets, balances) and issued invoices are kept.
+    """
 
 @_typing.type_check_only
 class BillingServiceAsyncStub(BillingServiceStub):
@@ -173,6 +178,11 @@ class BillingServiceAsyncStub(BillingServiceStub):
     """
     GetInvoice: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.GetInvoiceRequest, _billing_service_pb2.GetInvoiceResponse]  # type: ignore[assignment]
     """An issued invoice; NOT_FOUND when none was issued for the month."""
+    ForgetTenant: _aio.UnaryUnaryMultiCallable[_billing_service_pb2.ForgetTenantRequest, _billing_service_pb2.ForgetTenantResponse]  # type: ignore[assignment]
+    """Erase a tenant's per-request records (admin; `llmctl tenants forget`): the
+    ledger's request records and the usage store's request rows. Aggregates
+    (hourly and daily usage, budgets, balances) and issued invoices are kept.
+    """
 
 class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
     """BillingService meters usage in two phases, idempotent by request id:
@@ -315,5 +325,16 @@ class BillingServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_billing_service_pb2.GetInvoiceResponse, _abc.Awaitable[_billing_service_pb2.GetInvoiceResponse]]:
         """An issued invoice; NOT_FOUND when none was issued for the month."""
+
+    @_abc_1.abstractmethod
+    def ForgetTenant(
+        self,
+        request: _billing_service_pb2.ForgetTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_billing_service_pb2.ForgetTenantResponse, _abc.Awaitable[_billing_service_pb2.ForgetTenantResponse]]:
+        """Erase a tenant's per-request records (admin; `llmctl tenants forget`): the
+        ledger's request records and the usage store's request rows. Aggregates
+        (hourly and daily usage, budgets, balances) and issued invoices are kept.
+        """
 
 def add_BillingServiceServicer_to_server(servicer: BillingServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -26,15 +26,15 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from llmapi.common.v1 import common_pb2 as llmapi_dot_common_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#llmapi/cache/v1/cache_service.proto\x12\x0fllmapi.cache.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dllmapi/common/v1/common.proto\"\xe2\x01\n\x08\x43\x61\x63heKey\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12/\n\x08messages\x18\x04 \x03(\x0b\x32\x1d.llmapi.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x05 \x01(\t\x12\x32\n\x08sampling\x18\x06 \x01(\x0b\x32 .llmapi.common.v1.SamplingParams\x12%\n\x05tools\x18\x07 \x03(\x0b\x32\x16.llmapi.common.v1.Tool\"}\n\rLookupOptions\x12\x10\n\x08semantic\x18\x01 \x01(\x08\x12!\n\x14similarity_threshold\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x1e\n\x16\x61llow_nondeterministic\x18\x03 \x01(\x08\x42\x17\n\x15_similarity_threshold\"\xc0\x01\n\x0e\x43\x61\x63hedResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.llmapi.common.v1.FinishReason\x12&\n\x05usage\x18\x04 \x01(\x0b\x32\x17.llmapi.common.v1.Usage\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"h\n\rLookupRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.llmapi.cache.v1.CacheKey\x12/\n\x07options\x18\x02 \x01(\x0b\x32\x1e.llmapi.cache.v1.LookupOptions\"\xd1\x01\n\x0eLookupResponse\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.llmapi.cache.v1.HitKind\x12\x12\n\nsimilarity\x18\x02 \x01(\x02\x12\x31\n\x08response\x18\x03 \x01(\x0b\x32\x1f.llmapi.cache.v1.CachedResponse\x12\x10\n\x08\x65ntry_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb9\x01\n\x0cStoreRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.llmapi.cache.v1.CacheKey\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1f.llmapi.cache.v1.CachedResponse\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x05\x12\x1e\n\x16\x61llow_nondeterministic\x18\x04 \x01(\x08\x12\x19\n\x11no_semantic_index\x18\x05 \x01(\x08\"R\n\rStoreResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x65victed\x18\x04 \x01(\x03\"G\n\x11InvalidateRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"%\n\x12InvalidateResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x03\"^\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12&\n\x03key\x18\x03 \x01(\x0b\x32\x19.llmapi.cache.v1.CacheKey\"9\n\x10\x46\x65\x65\x64\x62\x61\x63kResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x12\x14\n\x0cpair_blocked\x18\x02 \x01(\x08\"!\n\x0cStatsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\xf3\x02\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07lookups\x18\x03 \x01(\x03\x12\x12\n\nexact_hits\x18\x04 \x01(\x03\x12\x15\n\rsemantic_hits\x18\x05 \x01(\x03\x12\x0e\n\x06misses\x18\x06 \x01(\x03\x12\x16\n\x0e\x64ropped_stores\x18\x07 \x01(\x03\x12\x14\n\x0c\x62udget_bytes\x18\x08 \x01(\x03\x12\x11\n\tevictions\x18\t \x01(\x03\x12\x18\n\x10guard_rejections\x18\n \x01(\x03\x12\x16\n\x0e\x65xact_hit_rate\x18\x0b \x01(\x01\x12\x19\n\x11semantic_hit_rate\x18\x0c \x01(\x01\x12\x17\n\x0fstore_available\x18\r \x01(\x08\x12\x0e\n\x06stores\x18\x0e \x01(\x03\x12\x17\n\x0findexed_vectors\x18\x0f \x01(\x03\x12\x13\n\x0bindex_ready\x18\x10 \x01(\x08\x12\x11\n\tnear_hits\x18\x11 \x01(\x03\"\x15\n\x13WatchChangesRequest\"H\n\x14WatchChangesResponse\x12\x11\n\tentry_ids\x18\x01 \x03(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"A\n\x0bRecordedHit\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"?\n\x11RecordHitsRequest\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.llmapi.cache.v1.RecordedHit\"&\n\x12RecordHitsResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x03*a\n\x07HitKind\x12\x18\n\x14HIT_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rHIT_KIND_MISS\x10\x01\x12\x12\n\x0eHIT_KIND_EXACT\x10\x02\x12\x15\n\x11HIT_KIND_SEMANTIC\x10\x03\x32\xc7\x04\n\x0c\x43\x61\x63heService\x12I\n\x06Lookup\x12\x1e.llmapi.cache.v1.LookupRequest\x1a\x1f.llmapi.cache.v1.LookupResponse\x12\x46\n\x05Store\x12\x1d.llmapi.cache.v1.StoreRequest\x1a\x1e.llmapi.cache.v1.StoreResponse\x12U\n\nInvalidate\x12\".llmapi.cache.v1.InvalidateRequest\x1a#.llmapi.cache.v1.InvalidateResponse\x12O\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12 .llmapi.cache.v1.FeedbackRequest\x1a!.llmapi.cache.v1.FeedbackResponse\x12\x46\n\x05Stats\x12\x1d.llmapi.cache.v1.StatsRequest\x1a\x1e.llmapi.cache.v1.StatsResponse\x12]\n\x0cWatchChanges\x12$.llmapi.cache.v1.WatchChangesRequest\x1a%.llmapi.cache.v1.WatchChangesResponse0\x01\x12U\n\nRecordHits\x12\".llmapi.cache.v1.RecordHitsRequest\x1a#.llmapi.cache.v1.RecordHitsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#llmapi/cache/v1/cache_service.proto\x12\x0fllmapi.cache.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dllmapi/common/v1/common.proto\"\xe2\x01\n\x08\x43\x61\x63heKey\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x03 \x03(\x05\x12/\n\x08messages\x18\x04 \x03(\x0b\x32\x1d.llmapi.common.v1.ChatMessage\x12\x0e\n\x06prompt\x18\x05 \x01(\t\x12\x32\n\x08sampling\x18\x06 \x01(\x0b\x32 .llmapi.common.v1.SamplingParams\x12%\n\x05tools\x18\x07 \x03(\x0b\x32\x16.llmapi.common.v1.Tool\"}\n\rLookupOptions\x12\x10\n\x08semantic\x18\x01 \x01(\x08\x12!\n\x14similarity_threshold\x18\x02 \x01(\x02H\x00\x88\x01\x01\x12\x1e\n\x16\x61llow_nondeterministic\x18\x03 \x01(\x08\x42\x17\n\x15_similarity_threshold\"\xc0\x01\n\x0e\x43\x61\x63hedResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x35\n\rfinish_reason\x18\x03 \x01(\x0e\x32\x1e.llmapi.common.v1.FinishReason\x12&\n\x05usage\x18\x04 \x01(\x0b\x32\x17.llmapi.common.v1.Usage\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"h\n\rLookupRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.llmapi.cache.v1.CacheKey\x12/\n\x07options\x18\x02 \x01(\x0b\x32\x1e.llmapi.cache.v1.LookupOptions\"\xd1\x01\n\x0eLookupResponse\x12&\n\x04kind\x18\x01 \x01(\x0e\x32\x18.llmapi.cache.v1.HitKind\x12\x12\n\nsimilarity\x18\x02 \x01(\x02\x12\x31\n\x08response\x18\x03 \x01(\x0b\x32\x1f.llmapi.cache.v1.CachedResponse\x12\x10\n\x08\x65ntry_id\x18\x04 \x01(\t\x12\x0e\n\x06reason\x18\x05 \x01(\t\x12.\n\nexpires_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\xb9\x01\n\x0cStoreRequest\x12&\n\x03key\x18\x01 \x01(\x0b\x32\x19.llmapi.cache.v1.CacheKey\x12\x31\n\x08response\x18\x02 \x01(\x0b\x32\x1f.llmapi.cache.v1.CachedResponse\x12\x13\n\x0bttl_seconds\x18\x03 \x01(\x05\x12\x1e\n\x16\x61llow_nondeterministic\x18\x04 \x01(\x08\x12\x19\n\x11no_semantic_index\x18\x05 \x01(\x08\"R\n\rStoreResponse\x12\x0e\n\x06stored\x18\x01 \x01(\x08\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0f\n\x07\x65victed\x18\x04 \x01(\x03\"G\n\x11InvalidateRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\"%\n\x12InvalidateResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x03\"(\n\x13\x46orgetTenantRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"G\n\x14\x46orgetTenantResponse\x12\x17\n\x0f\x65ntries_removed\x18\x01 \x01(\x03\x12\x16\n\x0ekeys_destroyed\x18\x02 \x01(\x08\"^\n\x0f\x46\x65\x65\x64\x62\x61\x63kRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12&\n\x03key\x18\x03 \x01(\x0b\x32\x19.llmapi.cache.v1.CacheKey\"9\n\x10\x46\x65\x65\x64\x62\x61\x63kResponse\x12\x0f\n\x07removed\x18\x01 \x01(\x08\x12\x14\n\x0cpair_blocked\x18\x02 \x01(\x08\"!\n\x0cStatsRequest\x12\x11\n\ttenant_id\x18\x01 \x01(\t\"\xf3\x02\n\rStatsResponse\x12\x0f\n\x07\x65ntries\x18\x01 \x01(\x03\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\x12\x0f\n\x07lookups\x18\x03 \x01(\x03\x12\x12\n\nexact_hits\x18\x04 \x01(\x03\x12\x15\n\rsemantic_hits\x18\x05 \x01(\x03\x12\x0e\n\x06misses\x18\x06 \x01(\x03\x12\x16\n\x0e\x64ropped_stores\x18\x07 \x01(\x03\x12\x14\n\x0c\x62udget_bytes\x18\x08 \x01(\x03\x12\x11\n\tevictions\x18\t \x01(\x03\x12\x18\n\x10guard_rejections\x18\n \x01(\x03\x12\x16\n\x0e\x65xact_hit_rate\x18\x0b \x01(\x01\x12\x19\n\x11semantic_hit_rate\x18\x0c \x01(\x01\x12\x17\n\x0fstore_available\x18\r \x01(\x08\x12\x0e\n\x06stores\x18\x0e \x01(\x03\x12\x17\n\x0findexed_vectors\x18\x0f \x01(\x03\x12\x13\n\x0bindex_ready\x18\x10 \x01(\x08\x12\x11\n\tnear_hits\x18\x11 \x01(\x03\"\x15\n\x13WatchChangesRequest\"H\n\x14WatchChangesResponse\x12\x11\n\tentry_ids\x18\x01 \x03(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\r\"A\n\x0bRecordedHit\x12\x11\n\ttenant_id\x18\x01 \x01(\t\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\t\x12\r\n\x05\x63ount\x18\x03 \x01(\r\"?\n\x11RecordHitsRequest\x12*\n\x04hits\x18\x01 \x03(\x0b\x32\x1c.llmapi.cache.v1.RecordedHit\"&\n\x12RecordHitsResponse\x12\x10\n\x08recorded\x18\x01 \x01(\x03*a\n\x07HitKind\x12\x18\n\x14HIT_KIND_UNSPECIFIED\x10\x00\x12\x11\n\rHIT_KIND_MISS\x10\x01\x12\x12\n\x0eHIT_KIND_EXACT\x10\x02\x12\x15\n\x11HIT_KIND_SEMANTIC\x10\x03\x32\xa4\x05\n\x0c\x43\x61\x63heService\x12I\n\x06Lookup\x12\x1e.llmapi.cache.v1.LookupRequest\x1a\x1f.llmapi.cache.v1.LookupResponse\x12\x46\n\x05Store\x12\x1d.llmapi.cache.v1.StoreRequest\x1a\x1e.llmapi.cache.v1.StoreResponse\x12U\n\nInvalidate\x12\".llmapi.cache.v1.InvalidateRequest\x1a#.llmapi.cache.v1.InvalidateResponse\x12O\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12 .llmapi.cache.v1.FeedbackRequest\x1a!.llmapi.cache.v1.FeedbackResponse\x12\x46\n\x05Stats\x12\x1d.llmapi.cache.v1.StatsRequest\x1a\x1e.llmapi.cache.v1.StatsResponse\x12]\n\x0cWatchChanges\x12$.llmapi.cache.v1.WatchChangesRequest\x1a%.llmapi.cache.v1.WatchChangesResponse0\x01\x12U\n\nRecordHits\x12\".llmapi.cache.v1.RecordHitsRequest\x1a#.llmapi.cache.v1.RecordHitsResponse\x12[\n\x0c\x46orgetTenant\x12$.llmapi.cache.v1.ForgetTenantRequest\x1a%.llmapi.cache.v1.ForgetTenantResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'llmapi.cache.v1.cache_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HITKIND']._serialized_start=2206
-  _globals['_HITKIND']._serialized_end=2303
+  _globals['_HITKIND']._serialized_start=2321
+  _globals['_HITKIND']._serialized_end=2418
   _globals['_CACHEKEY']._serialized_start=121
   _globals['_CACHEKEY']._serialized_end=347
   _globals['_LOOKUPOPTIONS']._serialized_start=349
@@ -53,24 +53,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INVALIDATEREQUEST']._serialized_end=1332
   _globals['_INVALIDATERESPONSE']._serialized_start=1334
   _globals['_INVALIDATERESPONSE']._serialized_end=1371
-  _globals['_FEEDBACKREQUEST']._serialized_start=1373
-  _globals['_FEEDBACKREQUEST']._serialized_end=1467
-  _globals['_FEEDBACKRESPONSE']._serialized_start=1469
-  _globals['_FEEDBACKRESPONSE']._serialized_end=1526
-  _globals['_STATSREQUEST']._serialized_start=1528
-  _globals['_STATSREQUEST']._serialized_end=1561
-  _globals['_STATSRESPONSE']._serialized_start=1564
-  _globals['_STATSRESPONSE']._serialized_end=1935
-  _globals['_WATCHCHANGESREQUEST']._serialized_start=1937
-  _globals['_WATCHCHANGESREQUEST']._serialized_end=1958
-  _globals['_WATCHCHANGESRESPONSE']._serialized_start=1960
-  _globals['_WATCHCHANGESRESPONSE']._serialized_end=2032
-  _globals['_RECORDEDHIT']._serialized_start=2034
-  _globals['_RECORDEDHIT']._serialized_end=2099
-  _globals['_RECORDHITSREQUEST']._serialized_start=2101
-  _globals['_RECORDHITSREQUEST']._serialized_end=2164
-  _globals['_RECORDHITSRESPONSE']._serialized_start=2166
-  _globals['_RECORDHITSRESPONSE']._serialized_end=2204
-  _globals['_CACHESERVICE']._serialized_start=2306
-  _globals['_CACHESERVICE']._serialized_end=2889
+  _globals['_FORGETTENANTREQUEST']._serialized_start=1373
+  _globals['_FORGETTENANTREQUEST']._serialized_end=1413
+  _globals['_FORGETTENANTRESPONSE']._serialized_start=1415
+  _globals['_FORGETTENANTRESPONSE']._serialized_end=1486
+  _globals['_FEEDBACKREQUEST']._serialized_start=1488
+  _globals['_FEEDBACKREQUEST']._serialized_end=1582
+  _globals['_FEEDBACKRESPONSE']._serialized_start=1584
+  _globals['_FEEDBACKRESPONSE']._serialized_end=1641
+  _globals['_STATSREQUEST']._serialized_start=1643
+  _globals['_STATSREQUEST']._serialized_end=1676
+  _globals['_STATSRESPONSE']._serialized_start=1679
+  _globals['_STATSRESPONSE']._serialized_end=2050
+  _globals['_WATCHCHANGESREQUEST']._serialized_start=2052
+  _globals['_WATCHCHANGESREQUEST']._serialized_end=2073
+  _globals['_WATCHCHANGESRESPONSE']._serialized_start=2075
+  _globals['_WATCHCHANGESRESPONSE']._serialized_end=2147
+  _globals['_RECORDEDHIT']._serialized_start=2149
+  _globals['_RECORDEDHIT']._serialized_end=2214
+  _globals['_RECORDHITSREQUEST']._serialized_start=2216
+  _globals['_RECORDHITSREQUEST']._serialized_end=2279
+  _globals['_RECORDHITSRESPONSE']._serialized_start=2281
+  _globals['_RECORDHITSRESPONSE']._serialized_end=2319
+  _globals['_CACHESERVICE']._serialized_start=2421
+  _globals['_CACHESERVICE']._serialized_end=3097
 # @@protoc_insertion_point(module_scope)

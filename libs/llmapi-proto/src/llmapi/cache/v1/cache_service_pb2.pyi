@@ -356,6 +356,53 @@ class InvalidateResponse(_message.Message):
 Global___InvalidateResponse: _TypeAlias = InvalidateResponse  # noqa: Y015
 
 @_typing.final
+class ForgetTenantRequest(_message.Message):
+    """Tenant erasure request."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_ID_FIELD_NUMBER: _builtins.int
+    tenant_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        tenant_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["tenant_id", b"tenant_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetTenantRequest: _TypeAlias = ForgetTenantRequest  # noqa: Y015
+
+@_typing.final
+class ForgetTenantResponse(_message.Message):
+    """What was erased."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ENTRIES_REMOVED_FIELD_NUMBER: _builtins.int
+    KEYS_DESTROYED_FIELD_NUMBER: _builtins.int
+    entries_removed: _builtins.int
+    """Entries removed."""
+    keys_destroyed: _builtins.bool
+    """Whether the tenant's data keys were destroyed (false when encryption is off)."""
+    def __init__(
+        self,
+        *,
+        entries_removed: _builtins.int = ...,
+        keys_destroyed: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries_removed", b"entries_removed", "keys_destroyed", b"keys_destroyed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ForgetTenantResponse: _TypeAlias = ForgetTenantResponse  # noqa: Y015
+
+@_typing.final
 class FeedbackRequest(_message.Message):
     """Feedback on a served entry."""
 

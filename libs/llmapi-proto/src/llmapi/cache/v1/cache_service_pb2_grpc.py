@@ -73,6 +73,11 @@ class CacheServiceStub:
                 request_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsRequest.SerializeToString,
                 response_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsResponse.FromString,
                 _registered_method=True)
+        self.ForgetTenant = channel.unary_unary(
+                '/llmapi.cache.v1.CacheService/ForgetTenant',
+                request_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.ForgetTenantRequest.SerializeToString,
+                response_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.ForgetTenantResponse.FromString,
+                _registered_method=True)
 
 
 class CacheServiceServicer:
@@ -136,6 +141,15 @@ class CacheServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForgetTenant(self, request, context):
+        """Erase a tenant (admin; `llmctl tenants forget`): its entries, Feedback blocks,
+        accounting and data keys. Destroying the data keys crypto-shreds copies of its
+        entries that Redis replicas or backups may still hold (docs/adr/0015).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CacheServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -173,6 +187,11 @@ def add_CacheServiceServicer_to_server(servicer, server):
                     servicer.RecordHits,
                     request_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsRequest.FromString,
                     response_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsResponse.SerializeToString,
+            ),
+            'ForgetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForgetTenant,
+                    request_deserializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.ForgetTenantRequest.FromString,
+                    response_serializer=llmapi_dot_cache_dot_v1_dot_cache__service__pb2.ForgetTenantResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -368,6 +387,33 @@ class CacheService:
             '/llmapi.cache.v1.CacheService/RecordHits',
             llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsRequest.SerializeToString,
             llmapi_dot_cache_dot_v1_dot_cache__service__pb2.RecordHitsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForgetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/llmapi.cache.v1.CacheService/ForgetTenant',
+            llmapi_dot_cache_dot_v1_dot_cache__service__pb2.ForgetTenantRequest.SerializeToString,
+            llmapi_dot_cache_dot_v1_dot_cache__service__pb2.ForgetTenantResponse.FromString,
             options,
             channel_credentials,
             insecure,

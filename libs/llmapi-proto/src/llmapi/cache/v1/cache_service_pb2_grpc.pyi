@@ -59,6 +59,11 @@ class CacheServiceStub:
     """Account exact hits a caller served from its own copy: they count in Stats and
     keep the entries recently used, as if they had been looked up here.
     """
+    ForgetTenant: _grpc.UnaryUnaryMultiCallable[_cache_service_pb2.ForgetTenantRequest, _cache_service_pb2.ForgetTenantResponse]
+    """Erase a tenant (admin; `llmctl tenants forget`): its entries, Feedback blocks,
+    accounting and data keys. Destroying the data keys crypto-shreds copies of its
+    entries that Redis replicas or backups may still hold (docs/adr/0015).
+    """
 
 @_typing.type_check_only
 class CacheServiceAsyncStub(CacheServiceStub):
@@ -90,6 +95,11 @@ class CacheServiceAsyncStub(CacheServiceStub):
     RecordHits: _aio.UnaryUnaryMultiCallable[_cache_service_pb2.RecordHitsRequest, _cache_service_pb2.RecordHitsResponse]  # type: ignore[assignment]
     """Account exact hits a caller served from its own copy: they count in Stats and
     keep the entries recently used, as if they had been looked up here.
+    """
+    ForgetTenant: _aio.UnaryUnaryMultiCallable[_cache_service_pb2.ForgetTenantRequest, _cache_service_pb2.ForgetTenantResponse]  # type: ignore[assignment]
+    """Erase a tenant (admin; `llmctl tenants forget`): its entries, Feedback blocks,
+    accounting and data keys. Destroying the data keys crypto-shreds copies of its
+    entries that Redis replicas or backups may still hold (docs/adr/0015).
     """
 
 class CacheServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -161,6 +171,17 @@ class CacheServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_cache_service_pb2.RecordHitsResponse, _abc.Awaitable[_cache_service_pb2.RecordHitsResponse]]:
         """Account exact hits a caller served from its own copy: they count in Stats and
         keep the entries recently used, as if they had been looked up here.
+        """
+
+    @_abc_1.abstractmethod
+    def ForgetTenant(
+        self,
+        request: _cache_service_pb2.ForgetTenantRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cache_service_pb2.ForgetTenantResponse, _abc.Awaitable[_cache_service_pb2.ForgetTenantResponse]]:
+        """Erase a tenant (admin; `llmctl tenants forget`): its entries, Feedback blocks,
+        accounting and data keys. Destroying the data keys crypto-shreds copies of its
+        entries that Redis replicas or backups may still hold (docs/adr/0015).
         """
 
 def add_CacheServiceServicer_to_server(servicer: CacheServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
