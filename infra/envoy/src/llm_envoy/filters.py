@@ -8,6 +8,7 @@ from typing import Any
 
 from llm_envoy.body_limits import buffer_filter
 from llm_envoy.clusters import dns_cache_config
+from llm_envoy.local_bucket import refusal_headers
 from llm_envoy.policy_model import (
     AUTHZ_ERROR_STATUSES,
     EdgePolicy,
@@ -259,6 +260,7 @@ def local_ratelimit_filter(bucket: LocalRateLimit) -> Config:
         filter_enabled={"runtime_key": "edge.local_rate_limit.enabled", "default_value": percent},
         filter_enforced={"runtime_key": "edge.local_rate_limit.enforced", "default_value": percent},
         rate_limited_as_resource_exhausted=True,
+        response_headers_to_add=refusal_headers(bucket),  # message, retry-after, RetryInfo
     )
 
 

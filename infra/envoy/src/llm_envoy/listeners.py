@@ -8,7 +8,8 @@ from typing import Any
 from llm_envoy import filters
 from llm_envoy.body_limits import too_large_replies
 from llm_envoy.clusters import ADMIN_CLUSTER, address
-from llm_envoy.policy_model import Limits
+from llm_envoy.local_bucket import bucket_reply
+from llm_envoy.policy_model import Limits, LocalRateLimit
 from llm_envoy.routes import edge_routes, mesh_routes
 from llm_envoy.topology import (
     AUTH_HTTP_HEALTH_PATH,
@@ -108,7 +109,9 @@ def _openai_error(status_filter: Config, body: Config) -> Config:
     }
 
 
-def openai_local_replies(limits: Limits | None = None) -> Config:
+def openai_local_replies(
+    limits: Limits | None = None, bucket: LocalRateLimit | None = None
+) -> Config:
     """Envoy's own answers on /v1/ in OpenAI's error shape, so its clients can read them;
     413 for an oversized body in each protocol's shape (llm_envoy.body_limits)."""
 
@@ -144,6 +147,7 @@ def openai_local_replies(limits: Limits | None = None) -> Config:
             *too_large_replies(limits or Limits()),
             _openai_error(status(429), rate_limited),
             _openai_error(upstream_failed, unavailable),
+            *bucket_reply(bucket),
         ]
     }
 
@@ -173,7 +177,7 @@ def edge_listeners(layout: Layout) -> list[Config]:
             normalize_path=True,
             merge_slashes=True,
             access_log=filters.access_log(name),
-            local_reply_config=openai_local_replies(edge.limits),
+            local_reply_config=openai_local_replies(edge.limits, edge.local_rate_limit),
             **_tracing(layout, layout.service_name),
         )
         listener = _listener(name, Endpoint(layout.listen_host, port), hcm, tls)
