@@ -19,7 +19,7 @@ TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
         test test-unit test-integration test-e2e test-chaos test-security ci model bench-model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload wheelhouse images test-images \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
-        bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster train-verifier
+        bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster train-verifier bench-security
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -144,6 +144,9 @@ CLUSTER_SUITES := services/auth/tests/integration services/cache/tests/integrati
 test-cluster: model ## auth, cache, billing integration suites + failover on a local Redis Cluster
 	LLM_TEST_REDIS_CLUSTER=1 $(PYTEST) -q -m "integration and not gpu" $(CLUSTER_SUITES)
 	$(PYTEST) -q -m cluster tests/cluster
+
+bench-security: setup ## Envoy's heap under 8 parallel 50 MB uploads, before the body limit and with it → bench/results/security.json
+	$(PY) bench/bench_security.py
 
 bench-cluster: setup ## 3-master cluster vs single Redis, failover under load → bench/results/cluster.json
 	$(PY) bench/bench_cluster.py

@@ -164,14 +164,18 @@ async def running_edge(
     auth: AuthPorts | None,
     policy: MeshPolicy | None = None,
     healthy: tuple[str, ...] = ("router",),
+    patch: Callable[[Path], None] | None = None,
 ) -> AsyncIterator[RunningEdge]:
     """The rendered local config on a real Envoy in front of recording upstreams; waits until
-    the clusters in `healthy` are."""
+    the clusters in `healthy` are. `patch` may edit the rendered files first (a bench's
+    baseline: the config as it was before a fix)."""
     recorder = Recorder()
     async with recording_router(recorder) as router, recording_http(recorder) as http:
         spec = LocalSpec(_ports(router, http, auth))
         ensure_dev_pki(workdir / "certs", mesh_identity="spiffe://llm.local/ns/llm/sa/test")
         boot = render_local_spec(spec, workdir, protos_root, policy or load_policy())
+        if patch is not None:
+            patch(workdir)
         log = workdir / "envoy.log"
         process = _start_envoy(boot, workdir, log)
         edge = RunningEdge(
