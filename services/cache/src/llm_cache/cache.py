@@ -82,6 +82,12 @@ class FeedbackOutcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Forgotten:
+    entries: int
+    keys_destroyed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class NearHits:
     """Exact hits of one entry that a caller served from its own copy."""
 
@@ -216,6 +222,16 @@ class ResponseCache:
             raise Unavailable("cache store unavailable", retry_after_s=RETRY_AFTER_S) from exc
         await self._forget(tenant_tag(tenant), [entry_id])
         return FeedbackOutcome(removed=removed, pair_blocked=query is not None)
+
+    async def forget_tenant(self, tenant: str) -> Forgotten:
+        """Erase everything the cache holds of `tenant` (its data keys included), here and
+        in every replica's index and caller's copies (the change log)."""
+        try:
+            ids = await self._store.forget_tenant(tenant)
+        except StoreUnavailable as exc:
+            raise Unavailable("cache store unavailable", retry_after_s=RETRY_AFTER_S) from exc
+        await self._forget(tenant_tag(tenant), ids)
+        return Forgotten(entries=len(ids), keys_destroyed=self._store.sealer is not None)
 
     async def stats(self, tenant: str | None) -> StatsView:
         """Counters since start; entries and bytes from Redis (all tenants when None)."""

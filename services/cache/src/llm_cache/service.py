@@ -20,6 +20,7 @@ from llm_cache.cache import (
 from llm_cache.canonical import request_key
 from llm_cache.config import Limits, Policy
 from llm_cache.feed import HEARTBEAT_INTERVAL_MS, ChangeFeed
+from llm_common.audit import AuditLog, audited
 from llm_common.validation import Violations
 from llmapi.cache.v1 import cache_service_pb2 as pb
 from llmapi.cache.v1 import cache_service_pb2_grpc as pb_grpc
@@ -39,8 +40,15 @@ class CacheServicer(pb_grpc.CacheServiceServicer):
     """llmapi.cache.v1.CacheService over a ResponseCache."""
 
     def __init__(
-        self, cache: ResponseCache, feed: ChangeFeed, limits: Limits, policy: Policy
+        self,
+        cache: ResponseCache,
+        feed: ChangeFeed,
+        limits: Limits,
+        policy: Policy,
+        *,
+        audit: AuditLog | None = None,
     ) -> None:
+        self._audit = audit or AuditLog()
         self._cache = cache
         self._feed = feed
         self._limits = limits
@@ -108,6 +116,19 @@ class CacheServicer(pb_grpc.CacheServiceServicer):
             request.tenant_id, entry_id=request.entry_id, model=request.model
         )
         return pb.InvalidateResponse(removed=removed)
+
+    async def ForgetTenant(  # noqa: N802
+        self, request: pb.ForgetTenantRequest, context: Context
+    ) -> pb.ForgetTenantResponse:
+        """Admin only: the edge admits it for admins of the admin tenant (as Invalidate)."""
+        v = Violations()
+        validation.check_id(v, "tenant_id", request.tenant_id, self._limits, required=True)
+        v.raise_if_any()
+        with audited(self._audit, context, "tenant.forget", f"tenant:{request.tenant_id}"):
+            gone = await self._cache.forget_tenant(request.tenant_id)
+        return pb.ForgetTenantResponse(
+            entries_removed=gone.entries, keys_destroyed=gone.keys_destroyed
+        )
 
     async def Feedback(  # noqa: N802
         self, request: pb.FeedbackRequest, context: Context
