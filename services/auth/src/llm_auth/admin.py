@@ -48,6 +48,15 @@ class AdminGate:
                 "admin credential may not manage this tenant", reason="TENANT_FORBIDDEN"
             )
 
+    def check_erasure(self, admin: Principal, tenant_id: str) -> None:
+        """Only an admin of the admin tenant erases a tenant, and never the admin tenant."""
+        if admin.tenant_id != self._admin_tenant:
+            raise PermissionDenied(
+                "erasing a tenant needs an admin of the admin tenant", reason="TENANT_FORBIDDEN"
+            )
+        if tenant_id == self._admin_tenant:
+            raise PermissionDenied("the admin tenant cannot be erased", reason="TENANT_FORBIDDEN")
+
     def check_key(self, admin: Principal, tenant_id: str, key_id: str) -> None:
         """NotFound (not revealing other tenants' keys) unless `admin` may manage it."""
         if not self.may_manage(admin, tenant_id):

@@ -63,6 +63,11 @@ class KeyAdmin:
             raise NotFound("api key", key_id)
         return rotated
 
+    async def forget_tenant(self, admin: Principal, tenant_id: str) -> int:
+        """Delete the tenant's keys and rate-limit state; returns the keys deleted."""
+        self._gate.check_erasure(admin, tenant_id)
+        return await _available(self._store.forget_tenant(tenant_id))
+
     async def _managed(self, admin: Principal, key_id: str) -> KeyRecord:
         record = await _available(self._store.get(key_id))
         if record is None:

@@ -188,6 +188,24 @@ class KeyStore:
         record = await self.get(key_id)
         return None if record is None else (record, key)
 
+    async def forget_tenant(self, tenant_id: str) -> int:
+        """Delete every key record of the tenant, its index and its rate-limit state (buckets,
+        reservations, leases); returns how many key records went. Each key is announced, so
+        every replica's cache drops it at once."""
+        client, index_key = self._guard.client, self._keys.tenant_keys(tenant_id)
+        found = await self._guard.run(client.zrange, index_key, 0, -1)
+        ids = [as_text(cast(bytes, i)) for i in found]
+        deleted = 0
+        for key_id in ids:
+            deleted += int(await self._guard.run(client.delete, self._keys.key_record(key_id)))
+            await self._announce(key_id)
+        await self._guard.run(client.delete, index_key)
+        pattern = self._keys.bucket(tenant_id, "*")
+        names = [n async for n in client.scan_iter(match=pattern, count=500)]
+        for start in range(0, len(names), 500):
+            await self._guard.run(client.delete, *names[start : start + 500])
+        return deleted
+
     def on_change(self, listener: Callable[[str], None]) -> None:
         """Call `listener(key_id)` in this process whenever this store revokes or rotates."""
         self._listeners.append(listener)

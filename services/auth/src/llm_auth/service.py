@@ -128,6 +128,18 @@ class AuthServicer(pb_grpc.AuthServiceServicer):
         details = {"grace_s": f"{grace_s:g}"}
         return await self._audited(context, "key.rotate", f"key:{request.key_id}", rotate, details)
 
+    async def ForgetTenant(  # noqa: N802
+        self, request: pb.ForgetTenantRequest, context: Context
+    ) -> pb.ForgetTenantResponse:
+        validation.check_tenant_ref(request)
+
+        async def forget(caller: Principal) -> pb.ForgetTenantResponse:
+            deleted = await self._admin.forget_tenant(caller, request.tenant_id)
+            return pb.ForgetTenantResponse(keys_deleted=deleted)
+
+        target = f"tenant:{request.tenant_id}"
+        return await self._audited(context, "tenant.forget", target, forget)
+
     async def _audited(
         self,
         context: Context,

@@ -153,6 +153,12 @@ def check_key_ref(request: Any) -> None:
     v.raise_if_any()
 
 
+def check_tenant_ref(request: Any) -> None:
+    v = Violations()
+    check_tenant(v, "tenant_id", request.tenant_id)
+    v.raise_if_any()
+
+
 def check_rotate(request: Any) -> float:
     """Validates a RotateKey request; returns the grace period in seconds."""
     v = Violations()
