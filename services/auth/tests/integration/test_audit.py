@@ -40,7 +40,8 @@ class Lines(logging.Handler):
 def audit() -> Iterator[Lines]:
     handler, logger = Lines(), logging.getLogger(AUDIT_LOGGER)
     logger.addHandler(handler)
-    level, logger.level = logger.level, logging.INFO
+    level = logger.level
+    logger.setLevel(logging.INFO)  # not `.level =`: setLevel clears isEnabledFor's cache
     yield handler
     logger.removeHandler(handler)
     logger.setLevel(level)
