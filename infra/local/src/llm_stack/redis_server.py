@@ -19,9 +19,13 @@ def redis_server_binary() -> Path:
     return binary
 
 
-def redis_spec(run_dir: Path, port: int, env: dict[str, str]) -> ProcessSpec:
+def redis_spec(
+    run_dir: Path, port: int, env: dict[str, str], acl_file: Path | None = None
+) -> ProcessSpec:
     """Loopback only; the append-only file is fsynced every second, so billing's ledger loses
-    at most a second of writes if the host dies (and none when Redis is stopped cleanly)."""
+    at most a second of writes if the host dies (and none when Redis is stopped cleanly).
+    With `acl_file`, Redis loads its users from it (the default user off: llm_stack.redis_users).
+    The spec's `url` carries no credentials."""
     data = run_dir / "redis"
     data.mkdir(parents=True, exist_ok=True)
     argv = [
@@ -35,6 +39,8 @@ def redis_spec(run_dir: Path, port: int, env: dict[str, str]) -> ProcessSpec:
         "--save", "",
         "--daemonize", "no",
     ]  # fmt: skip
+    if acl_file is not None:
+        argv += ["--aclfile", str(acl_file)]
     return ProcessSpec(
         name="redis",
         argv=argv,

@@ -16,6 +16,7 @@ from llm_stack.catalogue import LocalReplica
 from llm_stack.config import StackConfig
 from llm_stack.credentials import Credentials
 from llm_stack.process import ProcessSpec
+from llm_stack.redis_users import StackRedisUsers
 
 # Inherited variables that would change how a service behaves are not passed on.
 # REDIS_URL carries the stack's Redis (a cluster as redis+cluster://, credentials inside).
@@ -33,10 +34,17 @@ class Shared:
     redis_url: str
     models_config: Path  # the run directory's copy, with the bound replica ports
     credentials: Credentials
+    redis_users: StackRedisUsers | None = None  # the stack's own Redis: one user per service
 
     @property
     def mesh(self) -> str:
         return f"127.0.0.1:{self.config.ports.envoy.mesh}"
+
+    def redis_env(self, service: str) -> dict[str, str]:
+        """REDIS_URL for `service`: with its own user on the stack's Redis, else as given."""
+        users = self.redis_users
+        url = self.redis_url if users is None else users.url_for(self.redis_url, service)
+        return {"REDIS_URL": url}
 
 
 def base_env(config: StackConfig) -> dict[str, str]:
@@ -92,9 +100,8 @@ def core_specs(shared: Shared) -> list[ProcessSpec]:
     """auth, tokenizer, cache, billing and the router (which reaches them through the mesh)."""
     c, prefix = shared.config, shared.config.redis_prefix
     grpc = c.ports.envoy.grpc
-    redis = {"REDIS_URL": shared.redis_url}
     extra: dict[str, dict[str, str]] = {
-        "auth": redis
+        "auth": shared.redis_env("auth")
         | {
             "AUTH_PEPPER_FILE": str(shared.credentials.pepper_file),
             "AUTH_BOOTSTRAP_ADMIN_KEY_FILE": str(shared.credentials.admin_key_file),
@@ -104,11 +111,11 @@ def core_specs(shared: Shared) -> list[ProcessSpec]:
         | _auth_listeners(c.ports.envoy),
         "tokenizer": {},
         # One encoder thread: the host's cores are shared by every process of the stack.
-        "cache": redis
+        "cache": shared.redis_env("cache")
         | {"CACHE_KEY_PREFIX": f"{prefix}llmcache:", "CACHE_ENCODER_THREADS": "1"}
         | {"CACHE_MASTER_KEY_FILE": str(shared.credentials.cache_master_key_file)}
         | {"OMP_NUM_THREADS": "1"},
-        "billing": redis
+        "billing": shared.redis_env("billing")
         | {"PRICES_CONFIG": str(c.prices_config), "BILLING_KEY_PREFIX": f"{prefix}billing:"}
         | {"BILLING_DATABASE_URL": billing_database_url(c)},
         "router": {

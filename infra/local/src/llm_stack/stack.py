@@ -24,6 +24,7 @@ from llm_stack.credentials import Credentials, ensure_credentials
 from llm_stack.models import ensure_checkpoints
 from llm_stack.process import ManagedProcess
 from llm_stack.redis_server import redis_spec
+from llm_stack.redis_users import StackRedisUsers, ensure_redis_users
 from llm_stack.state import ProcessRecord, StackState, clear_state, write_state
 
 _log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class Endpoints:
     admin: str
     mesh: str
     router: str  # the router's gRPC port, bypassing Envoy (benchmarks)
-    redis_url: str
+    redis_url: str  # the stack's own Redis: as the probe user (PING only)
     ca_cert: Path
     metrics: dict[str, str] = field(default_factory=dict)  # process -> host:port
     grpc: dict[str, str] = field(default_factory=dict)  # process -> host:port
@@ -68,6 +69,7 @@ class Stack:
         self.config = config
         self.credentials: Credentials | None = None
         self._redis: ManagedProcess | None = None
+        self._redis_users: StackRedisUsers | None = None  # the own Redis's ACL users
         self._cluster_nodes: list[ManagedProcess] = []  # REDIS_CLUSTER=1
         self._services: list[ManagedProcess] = []
         self._envoy: ManagedProcess | None = None
@@ -112,7 +114,9 @@ class Stack:
         port_map = {r.port: c.ports.replica_port(r.port) for r in replicas}
         models = catalogue.write_copy(c.models_config, c.run_dir / "models.yaml", port_map)
         self.scalable = scaling.make_scalable(models, c.run_dir)
-        shared = self._shared = specs.Shared(c, redis_url, models, self.credentials)
+        shared = self._shared = specs.Shared(
+            c, redis_url, models, self.credentials, self._redis_users
+        )
         service_specs = [
             *specs.core_specs(shared),
             *(specs.replica_spec(shared, r) for r in replicas),
@@ -127,7 +131,10 @@ class Stack:
         self._services = [*first, *router]
         self._start_and_wait(router)
         self._wait_for_edge(layout)
-        self._endpoints = self._make_endpoints(redis_url)
+        users = self._redis_users
+        self._endpoints = self._make_endpoints(
+            redis_url if users is None else users.probe_url(redis_url)
+        )
         self._write_state()
         return self._endpoints
 
@@ -141,19 +148,33 @@ class Stack:
     def _start_redis(self) -> str:
         c = self.config
         if c.redis_url is not None:
-            if not probes.redis_ready(c.redis_url):
-                variable = "REDIS_CLUSTER_NODES" if is_cluster_url(c.redis_url) else "REDIS_URL"
-                raise StackError(f"{variable}: Redis at {redacted(c.redis_url)} does not answer")
-            return c.redis_url
+            return self._given_redis(c.redis_url)
         if c.redis_cluster:
             return self._start_cluster()
-        spec = redis_spec(c.run_dir, c.ports.redis, specs.base_env(c))
+        # One ACL user per service, passwords kept in the secrets directory (never logged).
+        users = self._redis_users = ensure_redis_users(c.run_dir / "secrets", c.redis_prefix)
+        spec = redis_spec(c.run_dir, c.ports.redis, specs.base_env(c), users.acl_path)
         self._redis = ManagedProcess(spec)
         self._redis.start()
         url = spec.meta["url"]
+        probe = users.probe_url(url)
         probes.wait_until(
-            "redis", lambda: probes.redis_ready(url), 30, lambda: _exited(self._redis)
+            "redis", lambda: probes.redis_ready(probe), 30, lambda: _exited(self._redis)
         )
+        return url
+
+    def _given_redis(self, url: str) -> str:
+        """REDIS_URL / REDIS_CLUSTER_NODES as given; with LLM_REDIS_USERS=1 the services
+        connect there as their own users (the operator loaded redis-users.acl)."""
+        c = self.config
+        probe = url
+        if c.redis_users:
+            url = redacted(url)  # each service gets its own credentials instead
+            users = self._redis_users = ensure_redis_users(c.run_dir / "secrets", c.redis_prefix)
+            probe = users.probe_url(url)
+        if not probes.redis_ready(probe):
+            variable = "REDIS_CLUSTER_NODES" if is_cluster_url(url) else "REDIS_URL"
+            raise StackError(f"{variable}: Redis at {redacted(url)} does not answer")
         return url
 
     def _start_cluster(self) -> str:

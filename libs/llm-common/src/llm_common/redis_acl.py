@@ -103,6 +103,8 @@ BILLING = ServiceAcl(
 
 SERVICE_ACLS: dict[str, ServiceAcl] = {acl.user: acl for acl in (AUTH, CACHE, BILLING)}
 DISABLED_DEFAULT = "user default off nopass resetkeys resetchannels -@all"
+# Health checks (the stack's readiness probe, compose's healthcheck): PING and nothing else.
+PROBE_USER = "probe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +140,19 @@ def user_rule(acl: ServiceAcl, user: RedisUser) -> str:
     return " ".join(p for p in parts if p)
 
 
-def acl_file(users: Mapping[str, RedisUser]) -> str:
-    """An ACL file (redis-server --aclfile) with the default user off and one user per
-    service in `users` (service name -> its user)."""
+def probe_rule(password: str) -> str:
+    """The `probe` user: no keys, no channels, PING only."""
+    head = f"user {PROBE_USER} on #{password_hash(password)} resetkeys resetchannels"
+    return f"{head} -@all +ping +hello +select"
+
+
+def acl_file(users: Mapping[str, RedisUser], probe_password: str | None = None) -> str:
+    """An ACL file (redis-server --aclfile) with the default user off, one user per service
+    in `users` (service name -> its user) and, given its password, the probe user."""
     lines = [DISABLED_DEFAULT]
     lines += [user_rule(SERVICE_ACLS[service], user) for service, user in sorted(users.items())]
+    if probe_password is not None:
+        lines.append(probe_rule(probe_password))
     return "\n".join(lines) + "\n"
 
 
