@@ -26,6 +26,7 @@ from llm_inference.backends.trtllm_params import (
     build_sampling_params,
     checkpoint_vocab_size,
     step_logprobs,
+    trt_priority,
 )
 from llm_inference.engine.api import (
     EngineError,
@@ -98,6 +99,7 @@ class _Request:
     arrival: float = field(default_factory=time.perf_counter)
     first_token: float | None = None
     completion_tokens: int = 0
+    cached_tokens: int = 0  # RequestOutput.cached_tokens: prompt tokens from reused KV blocks
     aborted: bool = False
 
 
@@ -186,7 +188,7 @@ class TrtLlmBackend:
         try:
             result = self._llm.generate_async(
                 list(prompt_token_ids), sampling_params=self.sampling_params(sampling),
-                streaming=True,
+                streaming=True, priority=trt_priority(priority),
             )  # fmt: skip
         except ValueError as exc:  # argument checks (e.g. prompt + max_tokens > max_seq_len)
             raise InvalidRequest(str(exc)) from exc
@@ -224,6 +226,9 @@ class TrtLlmBackend:
 
     def _event(self, request: _Request, output: Any) -> TokenEvent:
         completion = output.outputs[0]
+        # Prompt tokens served from reused KV blocks (set once the context phase ran); releases
+        # before PR #7637 have no such field.
+        request.cached_tokens = int(getattr(output, "cached_tokens", 0) or 0)
         token_ids = tuple(int(t) for t in completion.token_ids_diff)
         now = time.perf_counter()
         if token_ids and request.first_token is None:
@@ -236,8 +241,8 @@ class TrtLlmBackend:
             return TokenEvent(
                 token_ids=token_ids, text_delta=text, logprobs=logprobs.chosen,
                 finish_reason=None, prompt_tokens=request.prompt_tokens,
-                completion_tokens=request.completion_tokens, cached_tokens=0, timings=None,
-                top_logprobs=logprobs.top,
+                completion_tokens=request.completion_tokens, cached_tokens=request.cached_tokens,
+                timings=None, top_logprobs=logprobs.top,
             )  # fmt: skip
         reason = _FINISH_REASONS.get(str(completion.finish_reason)) or _inferred_reason(request)
         return self._final(request, token_ids, text, logprobs, reason)
@@ -261,7 +266,7 @@ class TrtLlmBackend:
         return TokenEvent(
             token_ids=token_ids, text_delta=text, logprobs=logprobs.chosen, finish_reason=reason,
             prompt_tokens=request.prompt_tokens, completion_tokens=request.completion_tokens,
-            cached_tokens=0, timings=timings, top_logprobs=logprobs.top,
+            cached_tokens=request.cached_tokens, timings=timings, top_logprobs=logprobs.top,
         )  # fmt: skip
 
     async def _poll_stats(self) -> None:

@@ -14,6 +14,9 @@ Every TensorRT-LLM name used here was checked against NVIDIA/TensorRT-LLM:
   handed as-is to xgrammar's `GrammarCompiler.compile_structural_tag`, i.e. xgrammar's
   `{"type": "structural_tag", "format": ...}` schema (xgrammar==0.1.25 in `requirements.txt`,
   commit 000867d9; the formats used below exist in xgrammar v0.1.25 `cpp/structural_tag.cc`).
+- `tensorrt_llm/llmapi/llm.py` (main after PR #12362, in v1.3.0rc23+): `generate_async(...,
+  priority: float = DEFAULT_REQUEST_PRIORITY)`, 0.5, validated to [0, 1], higher first; the
+  PyTorch executor honours it with the PRIORITY waiting queue and ignores it under FCFS.
 - `tensorrt_llm/executor/result.py` (commit a678b91a): `Logprob(logprob, rank)`;
   `CompletionOutput.logprobs_diff` is `list[dict[token_id, Logprob]]` (PyTorch backend) or
   `list[float]`; the PyTorch sampler puts the top-k (ranks 1..k) in each dict, plus the sampled
@@ -46,6 +49,7 @@ MAX_TAGGED_ITEMS = 16
 FORMAT_FIELD = "sampling.format"
 LOGIT_BIAS_FIELD = "sampling.logit_bias"
 TAGGED_FIELD = "sampling.format.tagged_json"
+PRIORITY_SCALE = 4.0  # our priority steps per e-fold of the logistic odds
 
 TopLogprobs = tuple[tuple[TopToken, ...], ...]
 
@@ -56,6 +60,13 @@ class MappingContext:
 
     vocab_size: int | None  # logits width (embedding_bias length); None = unknown
     constrained_decoding: bool  # the LLM was built with guided_decoding_backend="xgrammar"
+
+
+def trt_priority(priority: int) -> float:
+    """Our priority (any int32, higher first, 0 = default) as TensorRT-LLM's float in [0, 1]
+    (higher first, 0.5 = default): a logistic curve, so the order is kept, 0 maps to 0.5 and
+    the small values callers use (-8..8) stay well apart."""
+    return 1.0 / (1.0 + math.exp(-max(min(priority, 400), -400) / PRIORITY_SCALE))
 
 
 def build_sampling_params(

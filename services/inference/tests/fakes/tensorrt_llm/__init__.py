@@ -4,7 +4,9 @@ without an NVIDIA GPU. Load it as a package (its modules import each other).
 It mirrors the documented surface the adapter uses: `LLM(model, ..., **kwargs)` with kwargs
 checked against the argument model, `generate_async(inputs, sampling_params, streaming=True)`
 returning a result that `async for` yields *the same object, updated* with `token_ids_diff` /
-`text_diff` / `logprobs_diff` deltas, `abort()` / `aborted()`, `get_stats(timeout)` returning
+`text_diff` / `logprobs_diff` deltas and `cached_tokens` (prompt tokens covered by full blocks
+an earlier prompt stored, when `KvCacheConfig.enable_block_reuse`), `priority` validated to
+[0, 1], `abort()` / `aborted()`, `get_stats(timeout)` returning
 JSON strings of iteration stats, `get_kv_cache_capacity()`, `shutdown()`; `SamplingParams` and
 `GuidedDecodingParams` with the real signatures (sampling_params.py); `llmapi.KvCacheConfig`.
 
@@ -38,6 +40,7 @@ TOKENS_PER_BLOCK = 32
 MAX_NUM_BLOCKS = 64
 STEP_DELAY_S = 0.002
 TOY_PEAK = 5.0
+DEFAULT_REQUEST_PRIORITY = 0.5
 
 # A subset of TorchLlmArgs.model_fields: unknown kwargs are rejected like the real LLM does.
 _LLM_KWARGS = frozenset(
@@ -62,7 +65,7 @@ class RequestOutput:
         self.outputs = [CompletionOutput(index=0)]
         self.context_logits = None
         self.finished = False
-        self.error: str | None = None
+        self.cached_tokens = 0  # set with the first response, as the context phase reports it
         self._llm = llm
         self._params = params
         self._aborted = False
@@ -97,6 +100,8 @@ class RequestOutput:
 
     def _step(self) -> None:
         out, params = self.outputs[0], self._params
+        if not out.token_ids:
+            self.cached_tokens = self._llm._reuse(self.prompt_token_ids)
         logits = self._logits(self.prompt_token_ids + out.token_ids)
         token = self._next_token(logits)
         if token == params.end_id and not params.ignore_eos:
@@ -187,6 +192,10 @@ class LLM:
         self._ids = iter(range(1, 1 << 62))
         self._stats: collections.deque[str] = collections.deque(maxlen=1000)
         self.is_shutdown = False
+        kv_cache_config = kwargs.get("kv_cache_config")
+        self._block_reuse = kv_cache_config is None or kv_cache_config.enable_block_reuse
+        self._stored_blocks: set[tuple[int, ...]] = set()
+        self.priorities: list[float] = []  # stand-in only: what each request was given
 
     def generate_async(
         self,
@@ -198,12 +207,16 @@ class LLM:
         kv_cache_retention_config: Any = None,
         disaggregated_params: Any = None,
         trace_headers: Any = None,
+        _postproc_params: Any = None,
         scheduling_params: Any = None,
+        conversation_params: Any = None,
         cache_salt: str | None = None,
-        priority: float = 0.5,
+        priority: float = DEFAULT_REQUEST_PRIORITY,
     ) -> RequestOutput:
         if self.is_shutdown:
             raise RuntimeError("LLM is shut down")
+        if not 0.0 <= priority <= 1.0:  # as the real one validates it
+            raise ValueError(f"priority must be a float in [0.0, 1.0], got {priority}")
         prompt = inputs["prompt_token_ids"] if isinstance(inputs, dict) else inputs
         if not isinstance(prompt, list) or not all(isinstance(t, int) for t in prompt):
             raise TypeError("The inputs must be type str or list of int")
@@ -220,7 +233,21 @@ class LLM:
             raise ValueError(f"prompt + max_tokens should not exceed max_seq_len ({max_seq_len})")
         result = RequestOutput(self, next(self._ids), list(prompt), params)
         self._active[result.request_id] = result
+        self.priorities.append(priority)
         return result
+
+    def _reuse(self, prompt: list[int]) -> int:
+        """Block reuse: prompt tokens covered by full blocks an earlier prompt stored (never
+        the last prompt token, which is always recomputed); then stores this prompt's."""
+        if not self._block_reuse:
+            return 0
+        blocks = [
+            tuple(prompt[: i + TOKENS_PER_BLOCK]) for i in range(0, len(prompt), TOKENS_PER_BLOCK)
+        ]
+        full = [b for b in blocks if len(b) % TOKENS_PER_BLOCK == 0]
+        hits = next((i for i, b in enumerate(full) if b not in self._stored_blocks), len(full))
+        self._stored_blocks.update(full)
+        return min(hits * TOKENS_PER_BLOCK, len(prompt) - 1)
 
     def get_stats(self, timeout: float | None = 2) -> list[str]:
         if not self._stats:

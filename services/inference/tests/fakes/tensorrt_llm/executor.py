@@ -1,9 +1,11 @@
 """Stand-in for `tensorrt_llm.executor` (`executor/result.py`): Logprob and CompletionOutput with
-the real fields (NVIDIA/TensorRT-LLM commit a678b91a, trimmed to what the adapter reads)."""
+the real fields (tensorrt_llm/executor/result.py; CompletionOutput's as in the 1.3.0rc26 API
+reference, see tests/unit/trtllm_real_api.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -26,8 +28,14 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     cumulative_logprob: float | None = None
     logprobs: TokenLogprobs = field(default_factory=list)
+    prompt_logprobs: TokenLogprobs = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    generation_logits: Any = None
+    additional_context_outputs: dict[str, Any] | None = None
+    additional_generation_outputs: dict[str, Any] | None = None
+    disaggregated_params: Any = None
+    request_perf_metrics: Any = None
     _last_text_len: int = 0
     _last_token_ids_len: int = 0
     _last_logprobs_len: int = 0
