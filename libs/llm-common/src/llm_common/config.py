@@ -7,7 +7,10 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, Self, overload
+from typing import TYPE_CHECKING, Literal, Self, overload
+
+if TYPE_CHECKING:
+    from llm_common.server_tls import ServerTls
 
 MIB = 1 << 20
 ANY_HOST = "[::]"  # every interface, IPv4 and IPv6
@@ -164,6 +167,8 @@ class ServerSettings:
     # a single-host layout binds loopback, so the unauthenticated internal ports (which trust
     # the edge's identity headers) are not reachable from the network.
     bind_host: str = ANY_HOST
+    # GRPC_TLS_*: the gRPC port demands a client certificate (llm_common.server_tls).
+    tls: ServerTls | None = None
 
     def __post_init__(self) -> None:
         if not self.service_name:
@@ -192,7 +197,10 @@ class ServerSettings:
         default_metrics_port: int | None,
     ) -> Self:
         """Read GRPC_PORT, METRICS_PORT, SHUTDOWN_GRACE_S, LOG_LEVEL, MAX_MESSAGE_BYTES,
-        OTEL_EXPORTER_OTLP_ENDPOINT and BIND_HOST; ConfigError names the offending variable."""
+        OTEL_EXPORTER_OTLP_ENDPOINT, BIND_HOST and GRPC_TLS_*; ConfigError names the offending
+        variable."""
+        from llm_common.server_tls import ServerTls  # it needs this module's helpers
+
         return cls(
             service_name=service_name,
             grpc_port=env_port(environ, "GRPC_PORT", default_grpc_port),
@@ -202,6 +210,7 @@ class ServerSettings:
             otlp_endpoint=env_str(environ, "OTEL_EXPORTER_OTLP_ENDPOINT"),
             max_message_bytes=env_int(environ, "MAX_MESSAGE_BYTES", 16 * MIB, min_value=1),
             bind_host=env_str(environ, "BIND_HOST", ANY_HOST),
+            tls=ServerTls.from_env(environ),
         )
 
     @property

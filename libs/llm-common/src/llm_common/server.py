@@ -108,7 +108,11 @@ def build_server(
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = (*spec.service_names, health.SERVICE_NAME, reflection.SERVICE_NAME)
     reflection.enable_server_reflection(names, server)
-    port = server.add_insecure_port(settings.bind_target(settings.grpc_port, host))
+    target = settings.bind_target(settings.grpc_port, host)
+    if settings.tls is None:
+        port = server.add_insecure_port(target)
+    else:  # only callers with a certificate from the mesh's CA (llm_common.server_tls)
+        port = server.add_secure_port(target, settings.tls.credentials())
     return BuiltServer(server=server, health=health_servicer, port=port)
 
 
