@@ -12,6 +12,7 @@ from redis.exceptions import RedisClusterException
 
 from llm_billing.budgets import Budgets
 from llm_billing.config import Settings
+from llm_billing.erasure import TenantEraser
 from llm_billing.invoice import InvoiceExporter
 from llm_billing.keys import KeySpace
 from llm_billing.ledger import Ledger
@@ -85,9 +86,11 @@ def build_billing(
         parts = build_usage_store(
             settings.usage_store, settings.ledger, client, keys, prices.currency, metrics, clock
         )
+    eraser = TenantEraser(client, keys, parts.store if parts is not None else None)
     servicer = BillingServicer(
-        ledger, budgets, usage, invoices, settings.limits, metrics, usage_store=parts
-    )
+        ledger, budgets, usage, invoices, settings.limits, metrics, usage_store=parts,
+        eraser=eraser,
+    )  # fmt: skip
     sweeper = Sweeper(ledger, settings.ledger.sweep_interval_s, metrics)
     return Billing(client, ledger, budgets, usage, invoices, servicer, sweeper, parts)
 

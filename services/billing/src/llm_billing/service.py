@@ -13,6 +13,7 @@ from prometheus_client import Counter
 from llm_billing import validation
 from llm_billing.budgets import Budgets, BudgetStatus
 from llm_billing.config import Limits
+from llm_billing.erasure import TenantEraser
 from llm_billing.invoice import InvoiceExporter
 from llm_billing.invoicing import Invoice
 from llm_billing.ledger import Ledger
@@ -50,8 +51,10 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
         *,
         usage_store: UsageStoreParts | None = None,
         audit: AuditLog | None = None,
+        eraser: TenantEraser | None = None,
     ) -> None:
         self._audit = audit or AuditLog()
+        self._eraser = eraser
         self._ledger = ledger
         self._store = usage_store
         self._budgets = budgets
@@ -186,6 +189,20 @@ class BillingServicer(pb_grpc.BillingServiceServicer):
             async with store_errors():
                 status = await self._budgets.set(limits)
         return pb.SetBudgetResponse(budget=_budget(status))
+
+    async def ForgetTenant(  # noqa: N802
+        self, request: pb.ForgetTenantRequest, context: Context
+    ) -> pb.ForgetTenantResponse:
+        """Admin only (the edge admits admins of the admin tenant, as for SetBudget)."""
+        tenant_id = validation.forget_tenant(request)
+        if self._eraser is None:
+            raise FailedPrecondition("tenant erasure is not configured on this billing server")
+        with audited(self._audit, context, "tenant.forget", f"tenant:{tenant_id}"):
+            async with store_errors(), database_errors():
+                erased = await self._eraser.forget(tenant_id)
+        return pb.ForgetTenantResponse(
+            ledger_records_deleted=erased.ledger_records, usage_rows_deleted=erased.usage_rows
+        )
 
     async def ExportUsage(  # noqa: N802
         self, request: pb.ExportUsageRequest, context: Context

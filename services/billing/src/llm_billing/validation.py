@@ -142,6 +142,13 @@ def usage_query(req: pb.GetUsageRequest, limits: Limits) -> UsageQuery:
     )
 
 
+def forget_tenant(req: pb.ForgetTenantRequest) -> str:
+    v = Violations()
+    _identifier(v, "tenant_id", req.tenant_id)
+    v.raise_if_any()
+    return req.tenant_id
+
+
 def budget_scope(req: pb.GetBudgetRequest) -> tuple[str, str]:
     v = Violations()
     _identifier(v, "tenant_id", req.tenant_id)
