@@ -113,7 +113,7 @@ def test_a_changed_policy_goes_live_without_restart(
     dump = live.config_dump(running_envoy.admin)
     routes = next(c for c in dump["configs"] if c["@type"].endswith(".RoutesConfigDump"))
     assert "static_route_configs" not in routes
-    assert len(routes["dynamic_route_configs"]) == 3
+    assert len(routes["dynamic_route_configs"]) == 4  # edge_http, edge_https, mesh, admin_read
     assert state.rejected == 0
     assert done.apply_s < 10
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import yaml
 
-from llm_envoy import clusters, filters, layouts, listeners
+from llm_envoy import admin_access, clusters, filters, layouts, listeners
 from llm_envoy.policy_model import MeshPolicy
 from llm_envoy.topology import (
     AUTH_HTTP_PORT,
@@ -31,8 +31,8 @@ def _bootstrap(
     return {
         "node": {"id": node, "cluster": node},
         "admin": {
-            # Never public: the admin can drain and kill the proxy.
-            "address": clusters.address(layout.admin),
+            # Never public: the admin can drain and kill the proxy (llm_envoy.admin_access).
+            "address": admin_access.admin_address(layout.admin, layout.admin_socket),
             "access_log": [
                 {
                     "name": "envoy.access_loggers.file",
@@ -83,6 +83,9 @@ def local_config(layout: Layout) -> Config:
     listener_list = [*listeners.edge_listeners(layout), listeners.mesh_outbound_listener(layout)]
     cluster_list = _service_clusters(layout)
     cluster_list.append(clusters.replica_cluster(layout, peer_identity=None))
+    if layout.admin_socket is not None:
+        listener_list.append(listeners.admin_read_listener(layout.admin))
+        cluster_list.append(_admin_cluster(layout))
     return _bootstrap(layout, "llm-local", listener_list, cluster_list)
 
 
@@ -132,8 +135,13 @@ def _plain(layout: Layout, name: str, port: int, *, http1: bool = False) -> Conf
 
 
 def _admin_cluster(layout: Layout) -> Config:
+    """The admin as an upstream of the read-only listeners: its socket, or loopback."""
     name = clusters.ADMIN_CLUSTER
-    return clusters.plain_cluster(name, layout.admin, layout.policy.cluster(name), http1=True)
+    cluster = clusters.plain_cluster(name, layout.admin, layout.policy.cluster(name), http1=True)
+    if layout.admin_socket is not None:
+        (endpoint,) = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        endpoint["endpoint"]["address"] = {"pipe": {"path": layout.admin_socket}}
+    return cluster
 
 
 def to_yaml(config: Config, header: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from llm_envoy.admin_access import ADMIN_SOCKET, K8S_ADMIN_SOCKET
 from llm_envoy.policy_model import MeshPolicy
 from llm_envoy.routes import (
     AUTH_ADMIN_METHODS,
@@ -114,6 +115,8 @@ def local_layout(
         # Processes start one after another on one host: a late one is seen within a second.
         health_idle_interval="1s",
         policy=policy or MeshPolicy(),
+        # The host's loopback is everyone's: the admin on a socket, readers on ports.admin.
+        admin_socket=ADMIN_SOCKET,
     )
 
 
@@ -143,6 +146,7 @@ def _k8s_layout(
     outbound: bool,
     admin_tenant: str,
     policy: MeshPolicy,
+    admin_socket: str | None = K8S_ADMIN_SOCKET,
 ) -> Layout:
     return Layout(
         flavour=Flavour.K8S,
@@ -157,6 +161,7 @@ def _k8s_layout(
         service_name=service_name,
         mesh_tls=True,
         policy=policy,
+        admin_socket=admin_socket,
     )
 
 
@@ -174,6 +179,9 @@ def k8s_edge_layout(
         outbound=False,
         admin_tenant=admin_tenant,
         policy=policy or MeshPolicy(),
+        # The gateway pod holds only Envoy: its loopback is its own, and the preStop hook
+        # posts /healthcheck/fail there with the image's wget.
+        admin_socket=None,
     )
 
 

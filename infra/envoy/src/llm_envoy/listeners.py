@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from llm_envoy import filters
+from llm_envoy import admin_access, filters
 from llm_envoy.body_limits import too_large_replies
 from llm_envoy.clusters import ADMIN_CLUSTER, address
 from llm_envoy.local_bucket import bucket_reply
@@ -258,13 +258,16 @@ def peer_rules(peers: Mapping[str, Peer]) -> Config:
 
 
 def stats_listener(port: int) -> Config:
-    """Prometheus reaches /stats/prometheus here; the admin itself stays on loopback."""
-    routes: list[Config] = [
-        {
-            "match": {"path": "/stats/prometheus"},
-            "route": {"cluster": ADMIN_CLUSTER, "timeout": "5s"},
-        },
-        {"match": {"prefix": "/"}, "direct_response": {"status": 404}},
-    ]
+    """Prometheus (GET /stats/prometheus) and probes (GET /ready) reach the admin here; the
+    admin itself stays on its socket or loopback (llm_envoy.admin_access)."""
+    routes = admin_access.read_only_routes(ADMIN_CLUSTER, admin_access.STATS_PATHS)
     hcm = _hcm("stats", routes, [filters.router_filter()])
     return _listener("stats", Endpoint("0.0.0.0", port), hcm)
+
+
+def admin_read_listener(endpoint: Endpoint) -> Config:
+    """Loopback, where the admin was: the read-only endpoints for mesh-show/status/apply,
+    probes and Prometheus; nothing that changes or stops Envoy."""
+    routes = admin_access.read_only_routes(ADMIN_CLUSTER, admin_access.READ_ONLY_PATHS)
+    hcm = _hcm("admin_read", routes, [filters.router_filter()])
+    return _listener("admin_read", endpoint, hcm)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import select
 import socket
 import subprocess
@@ -281,3 +282,38 @@ def _read_answer(conn: socket.socket) -> HttpAnswer:
         name, _, value = line.partition(":")
         found[name.strip().lower()] = value.strip()
     return HttpAnswer(status, found, body)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("admin", timeout=5)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(str(self._path))
+        self.sock = sock
+
+
+def socket_request(path: Path, method: str, target: str) -> tuple[int, bytes]:
+    """An HTTP request to the admin's unix socket (what an operator's curl --unix-socket does)."""
+    conn = _UnixConnection(path)
+    try:
+        conn.request(method, target)
+        reply = conn.getresponse()
+        return reply.status, reply.read()
+    finally:
+        conn.close()
+
+
+def http_status(address: str, method: str, target: str, host: str | None = None) -> int:
+    """The status of one plain request over TCP (404s included)."""
+    conn = http.client.HTTPConnection(address, timeout=5)
+    try:
+        conn.request(method, target, headers={"host": host or address})
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status
+    finally:
+        conn.close()

@@ -121,7 +121,7 @@ class Layout:
 
     flavour: Flavour
     upstreams: Mapping[str, Upstream]
-    admin: Endpoint
+    admin: Endpoint  # the admin, or its read-only listener when the admin is on a socket
     listen_host: str = "127.0.0.1"
     edge_http_port: int = EDGE_HTTP_PORT
     edge_tls_port: int = EDGE_TLS_PORT
@@ -134,6 +134,7 @@ class Layout:
     service_name: str = "llm-edge"  # as spans and logs name this Envoy
     mesh_tls: bool = False  # mTLS to peers (Kubernetes)
     policy: MeshPolicy = field(default_factory=MeshPolicy)  # the operator's tunables
+    admin_socket: str | None = None  # the admin's unix socket (llm_envoy.admin_access)
 
 
 def spiffe_id(namespace: str, service_account: str) -> str:
