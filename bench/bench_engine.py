@@ -10,7 +10,9 @@ On the demo checkpoint, in one process and one run:
 - shared prefix: 32 requests sharing a 384-token system prompt, mean TTFT with and without
   prefix caching, both submitted at once (burst) and one after another (sequential);
 - memory: RSS over 2,000 sequential short requests;
-- int8: logit error and greedy agreement of weight-only int8 against float32.
+- int8: logit error and greedy agreement of weight-only int8 against float32;
+- llama_cpp: llama.cpp (llama-cpp-python, `make llama-cpp`) on the same checkpoints, batch-1
+  decode and 16-concurrent tokens/s side by side (engine_llama_cpp.py).
 Writes bench/results/engine.json and engine.png.
 
 Usage: python bench/bench_engine.py [--model-root .cache/models] [--threads 1,2]
@@ -38,6 +40,7 @@ from engine_config import (
     ROOT,
 )
 from engine_grid import bench_throughput_grid
+from engine_llama_cpp import bench_llama_cpp
 from engine_prefix import bench_prefix
 from engine_report import machine_info, plot, print_summary
 from engine_rss import bench_rss
@@ -62,6 +65,8 @@ def run(
         rss = asyncio.run(bench_rss(model_dir, 200 if quick else 2000, vocab))
     with timed(sections, "int8"):
         int8 = bench_int8(model_dir, vocab)
+    with timed(sections, "llama_cpp"):  # same thread count as the engine's best setting
+        llama_cpp = bench_llama_cpp(model_dir.parent, torch.get_num_threads(), quick)
     return {
         "benchmark": "inference engine vs transformers generate (static padded batches)",
         "model": MODEL,
@@ -71,6 +76,7 @@ def run(
         "shared_prefix": prefix,
         "rss": rss,
         "int8": int8,
+        "llama_cpp": llama_cpp,
         "goals": {
             "throughput_ratio": goal(throughput["ratio"], GOAL_THROUGHPUT_RATIO, higher=True),
             "prefix_ttft_ratio_burst": goal(
