@@ -17,9 +17,9 @@ TYPED := libs/llm-common/src libs/llm-embed/src libs/llm-testing/src $(wildcard 
          bench infra/model
 
 .PHONY: help setup proto proto-check proto-lint proto-breaking lint fmt typecheck \
-        test test-unit test-integration test-e2e test-chaos test-security ci model bench-model constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload wheelhouse images test-images \
+        test test-unit test-integration test-e2e test-chaos test-security ci model bench-model llama-cpp constraints clean up scale down status envoy-config compose-prepare mesh-apply mesh-show mesh-status bench-mesh-reload wheelhouse images test-images \
         bench-tokenizer bench-engine bench-inference bench-auth bench-cache bench-billing bench-usage-store bench-router \
-        bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster train-verifier bench-security
+        bench-stack bench-load bench-fleet bench-structured test-cluster bench-cluster train-verifier bench-security bench-gpu
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -77,6 +77,24 @@ bench-model: setup $(BENCH_MODEL)/build_info.json ## the ~120M-parameter random 
 $(BENCH_MODEL)/build_info.json: infra/model/build_bench_model.py infra/model/build_demo_model.py $(wildcard infra/model/corpus/*)
 	$(PY) infra/model/build_bench_model.py --out $(BENCH_MODEL)
 
+# llama.cpp, the CPU peer bench-engine compares with: llama-cpp-python built from its source
+# distribution, whose vendor/llama.cpp also holds the GGUF converter bench/engine_llama_cpp*.py run
+# (so library and converter are the same llama.cpp). Optional: not part of `setup`.
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_CPP_DIR := .cache/llama-cpp
+LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
+LLAMA_CPP_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                   -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+llama-cpp: setup $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON) ## optional: llama-cpp-python $(LLAMA_CPP_PYTHON) built from its sdist (~20-40 min on 2 cores)
+
+$(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): requirements-llama-cpp.txt
+	mkdir -p $(LLAMA_CPP_DIR)
+	test -f $(LLAMA_CPP_SDIST) || $(PIP) download -q --no-deps --no-binary :all: -d $(LLAMA_CPP_DIR) llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar -xzf $(LLAMA_CPP_SDIST) -C $(LLAMA_CPP_DIR)
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" nice $(PIP) install -q -c constraints.txt --no-binary llama-cpp-python \
+	  $(LLAMA_CPP_SDIST) -r requirements-llama-cpp.txt
+	@touch $@
+
 # pytest exits 5 when it collects nothing; make treats that as a failure, as it should.
 test-unit: model ## unit tests (no sockets)
 	$(PYTEST) -q -m "not integration and not e2e and not gpu"
@@ -107,8 +125,13 @@ ci: proto-check proto-lint lint typecheck test ## what .ci/run runs
 bench-tokenizer: model ## gRPC Encode vs in-process tokenizers → bench/results/tokenizer.json
 	$(PY) bench/bench_tokenizer.py --model-root $(MODEL_ROOT)
 
-bench-engine: model bench-model ## engine vs transformers generate (~120M and demo models), speculative, prefix caching, RSS → bench/results/engine.json
+bench-engine: model bench-model llama-cpp ## engine vs transformers generate and llama.cpp (~120M and demo models), speculative, prefix caching, RSS → bench/results/engine.json
 	$(PY) bench/bench_engine.py
+
+# Needs an NVIDIA GPU and a CUDA build of torch (exits 2 without one); `bench/gpu/run.sh --dry-run`
+# runs the same code on CPU with a tiny model (tests/unit/test_gpu_bench.py does).
+bench-gpu: setup ## GPU: bf16 check vs transformers, 1.1B Llama at batch 1/16/64 vs the bandwidth roofline → bench/results/gpu.json
+	bench/gpu/run.sh
 
 bench-inference: model ## gRPC service vs in-process engine, embeddings → bench/results/inference.json
 	$(PY) bench/bench_inference.py
@@ -154,7 +177,8 @@ bench-cluster: setup ## 3-master cluster vs single Redis, failover under load �
 constraints: ## re-pin constraints.txt from the current venv
 	{ echo "# Exact pins for every dependency (pip -c constraints.txt). Regenerate with 'make constraints'."; \
 	  $(PIP) freeze --exclude-editable | grep -v -iE '^(-e|llm-|llmapi-proto|llmctl)' \
-	    | sed -E 's/\+cpu//; s/^([A-Za-z0-9_.-]+) @ .*-([0-9][^-]*)-py3-.*/\1==\2/' | sort -f; } > constraints.txt
+	    | sed -E 's/\+cpu//; s/^([A-Za-z0-9_.-]+) @ .*-([0-9][^-]*)-py3-.*/\1==\2/; s/^([A-Za-z0-9_.-]+) @ file:.*-([0-9][^-]*)\.tar\.gz.*/\1==\2/' \
+	    | sort -f; } > constraints.txt
 
 # The generation model `make up` serves: demo-chat, trained and committed (infra/model/README.md),
 # unless MODEL=/path/to/hf-checkpoint [MODEL_NAME=name] [MODEL_REPLICAS=n] names your own
