@@ -85,7 +85,7 @@ LLAMA_CPP_DIR := .cache/llama-cpp
 LLAMA_CPP_SDIST := $(LLAMA_CPP_DIR)/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz
 LLAMA_CPP_CMAKE := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
                    -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
-llama-cpp: setup $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON) ## optional: llama-cpp-python $(LLAMA_CPP_PYTHON) built from its sdist (~20-40 min on 2 cores)
+llama-cpp: setup $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON) ## optional: llama-cpp-python (pinned) built from its sdist, for bench-engine (~20-40 min on 2 cores)
 
 $(VENV)/.llama-cpp-$(LLAMA_CPP_PYTHON): requirements-llama-cpp.txt
 	mkdir -p $(LLAMA_CPP_DIR)
