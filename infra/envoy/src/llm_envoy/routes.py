@@ -73,7 +73,7 @@ OPENAI_PATHS = (
     ("/v1/embeddings", (SCOPE_EMBEDDING,)),
 )
 # Key administration authenticates the admin credential itself (ext_authz would strip it).
-AUTH_ADMIN_METHODS = ("CreateKey", "ListKeys", "RevokeKey", "RotateKey")
+AUTH_ADMIN_METHODS = ("CreateKey", "ListKeys", "RevokeKey", "RotateKey", "ForgetTenant")
 # Billing trusts its callers: its admin methods need an admin of the admin tenant.
 BILLING_ADMIN_METHODS = (
     Method("GetUsage", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
@@ -83,10 +83,12 @@ BILLING_ADMIN_METHODS = (
     # Idempotent per tenant and month: a retried CreateInvoice returns the same invoice.
     Method("CreateInvoice", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
     Method("GetInvoice", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
+    Method("ForgetTenant", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
 )
 CACHE_ADMIN_METHODS = (
     Method("Stats", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
     Method("Invalidate", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
+    Method("ForgetTenant", Kind.UNARY, (SCOPE_ADMIN,), rate_limited=False),
 )
 
 
