@@ -1,4 +1,4 @@
-"""bench-cache's "encryption" section: what sealing entries (docs/adr/0015) adds to a hit.
+"""bench-cache's "encryption" section: what sealing entries (docs/adr/0017) adds to a hit.
 
 The store's exact read (GET_EXACT on RedisMux, as the service does it) with encryption on and
 off, interleaved call by call on the same Redis in the same run, so drift and load hit both

@@ -1,4 +1,4 @@
-"""Tenant erasure (`llmctl tenants forget`, docs/adr/0015): a tenant's per-request records
+"""Tenant erasure (`llmctl tenants forget`, docs/adr/0017): a tenant's per-request records
 go, what invoices and usage reports sum stays.
 
 - Redis ledger: every request record (`rec:<id>`), its owner key (`rid:<id>`) and the

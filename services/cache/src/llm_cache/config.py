@@ -263,7 +263,7 @@ class FeedSettings:
 
 @dataclass(frozen=True, slots=True)
 class EncryptionSettings:
-    """Encryption at rest (docs/adr/0015): the master key file, and the unwrapped data keys a
+    """Encryption at rest (docs/adr/0017): the master key file, and the unwrapped data keys a
     replica holds in memory."""
 
     # `<id>:<base64 of 32 bytes>` lines, the active key first; None: values are stored in the

@@ -1,5 +1,5 @@
 """Encryption at rest: AES-GCM envelopes for stored values, and the master keys that wrap
-each tenant's data keys (docs/adr/0015).
+each tenant's data keys (docs/adr/0017).
 
 A stored value is `version (1) | data key id (8) | nonce (12) | ciphertext + tag (16)`. Its
 associated data names the tenant (its tag), the entry and the field, so a ciphertext moved to

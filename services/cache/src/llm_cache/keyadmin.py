@@ -1,4 +1,4 @@
-"""`python -m llm_cache.keyadmin`: the cache's encryption keys (docs/adr/0015).
+"""`python -m llm_cache.keyadmin`: the cache's encryption keys (docs/adr/0017).
 
   new-key ID         print a fresh master key line (`ID:<base64>`) for the key file
   rewrap             wrap every tenant's data keys with the active master key (after a

@@ -1,7 +1,7 @@
 """Threat 9 (docs/security.md), the cache's part: ForgetTenant removes everything of one
 tenant and nothing of another; a copy of its ciphertext restored afterwards does not open (its
 data key is gone), and once the master key of the time is retired, neither does a whole backup
-from before the erasure (docs/adr/0015)."""
+from before the erasure (docs/adr/0017)."""
 
 from __future__ import annotations
 

@@ -144,7 +144,7 @@ class CacheServiceServicer:
     def ForgetTenant(self, request, context):
         """Erase a tenant (admin; `llmctl tenants forget`): its entries, Feedback blocks,
         accounting and data keys. Destroying the data keys crypto-shreds copies of its
-        entries that Redis replicas or backups may still hold (docs/adr/0015).
+        entries that Redis replicas or backups may still hold (docs/adr/0017).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

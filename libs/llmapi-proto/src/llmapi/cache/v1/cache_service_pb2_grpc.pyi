@@ -62,7 +62,7 @@ class CacheServiceStub:
     ForgetTenant: _grpc.UnaryUnaryMultiCallable[_cache_service_pb2.ForgetTenantRequest, _cache_service_pb2.ForgetTenantResponse]
     """Erase a tenant (admin; `llmctl tenants forget`): its entries, Feedback blocks,
     accounting and data keys. Destroying the data keys crypto-shreds copies of its
-    entries that Redis replicas or backups may still hold (docs/adr/0015).
+    entries that Redis replicas or backups may still hold (docs/adr/0017).
     """
 
 @_typing.type_check_only
@@ -99,7 +99,7 @@ class CacheServiceAsyncStub(CacheServiceStub):
     ForgetTenant: _aio.UnaryUnaryMultiCallable[_cache_service_pb2.ForgetTenantRequest, _cache_service_pb2.ForgetTenantResponse]  # type: ignore[assignment]
     """Erase a tenant (admin; `llmctl tenants forget`): its entries, Feedback blocks,
     accounting and data keys. Destroying the data keys crypto-shreds copies of its
-    entries that Redis replicas or backups may still hold (docs/adr/0015).
+    entries that Redis replicas or backups may still hold (docs/adr/0017).
     """
 
 class CacheServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -181,7 +181,7 @@ class CacheServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_cache_service_pb2.ForgetTenantResponse, _abc.Awaitable[_cache_service_pb2.ForgetTenantResponse]]:
         """Erase a tenant (admin; `llmctl tenants forget`): its entries, Feedback blocks,
         accounting and data keys. Destroying the data keys crypto-shreds copies of its
-        entries that Redis replicas or backups may still hold (docs/adr/0015).
+        entries that Redis replicas or backups may still hold (docs/adr/0017).
         """
 
 def add_CacheServiceServicer_to_server(servicer: CacheServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
