@@ -9,6 +9,7 @@ import asyncio
 import io
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from llm_cache.server import build_spec as cache_spec
 from llm_common.redis_conn import open_client
 from llm_common.resilience import BreakerMetrics
 from llm_testing import running_server, settings_for_tests
-from llm_testing.acl_redis import AclRedis
+from llm_testing.acl_redis import AclCluster, AclRedis
 from llmapi.auth.v1 import auth_service_pb2 as auth_pb
 from llmapi.auth.v1 import auth_service_pb2_grpc as auth_grpc
 from llmapi.billing.v1 import billing_service_pb2 as bill_pb
@@ -63,10 +64,28 @@ def acl_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AclRedis]:
     server.stop()
 
 
+@pytest.fixture(scope="module")
+def acl_cluster() -> Iterator[AclCluster]:
+    cluster = AclCluster()
+    yield cluster
+    cluster.stop()
+
+
 @pytest.fixture
 def fresh(acl_redis: AclRedis) -> AclRedis:
     acl_redis.reset_denials()
     return acl_redis
+
+
+@pytest.fixture(params=["single", "cluster"])
+def served_by(request: pytest.FixtureRequest, acl_redis: AclRedis) -> AclRedis | AclCluster:
+    """Each service's operations on one node and on a Redis Cluster (slot discovery,
+    WAIT for a replica), both loading the same rules."""
+    server: AclRedis | AclCluster = acl_redis
+    if request.param == "cluster":
+        server = request.getfixturevalue("acl_cluster")
+    server.reset_denials()
+    return server
 
 
 def client_as(server: AclRedis, service: str) -> redis.Redis:
@@ -137,8 +156,11 @@ def test_administrative_commands_are_refused(
         client.execute_command(*command)
 
 
-async def test_auth_works_with_its_own_user(fresh: AclRedis) -> None:
+async def test_auth_works_with_its_own_user(served_by: AclRedis | AclCluster) -> None:
+    fresh = served_by
     settings = make_settings(fresh.url_for("auth"), "auth:")
+    wait = int(isinstance(fresh, AclCluster))  # key writes wait for a replica on a cluster
+    settings = replace(settings, redis=replace(settings.redis, wait_replicas=wait))
     async with serving(settings) as auth:
         await asyncio.wait_for(auth.app.key_events.subscribed.wait(), 10)
         stub = auth_grpc.AuthServiceStub(auth.channel)
@@ -157,7 +179,8 @@ async def test_auth_works_with_its_own_user(fresh: AclRedis) -> None:
     assert fresh.denials(IGNORED) == []
 
 
-async def test_cache_works_with_its_own_user(fresh: AclRedis) -> None:
+async def test_cache_works_with_its_own_user(served_by: AclRedis | AclCluster) -> None:
+    fresh = served_by
     settings = cache_config.Settings(
         server=settings_for_tests("cache"),
         redis=cache_config.RedisSettings(url=fresh.url_for("cache"), timeout_s=2.0),
@@ -197,12 +220,16 @@ async def test_cache_works_with_its_own_user(fresh: AclRedis) -> None:
     assert fresh.denials(IGNORED) == []
 
 
-async def test_billing_works_with_its_own_user(fresh: AclRedis, tmp_path: Path) -> None:
+async def test_billing_works_with_its_own_user(
+    served_by: AclRedis | AclCluster, tmp_path: Path
+) -> None:
+    fresh = served_by
+    cluster = isinstance(fresh, AclCluster)
     prices_path = tmp_path / "prices.yaml"
     prices_path.write_text(PRICES, encoding="utf-8")
     settings = Settings(
         server=settings_for_tests("billing"),
-        redis=RedisSettings(fresh.url_for("billing")),
+        redis=RedisSettings(fresh.url_for("billing"), wait_replicas=int(cluster)),
         prices_config=prices_path,
         ledger=LedgerSettings(sweep_interval_s=0.2),
         usage_store=UsageStoreSettings(

