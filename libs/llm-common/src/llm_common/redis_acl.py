@@ -1,4 +1,4 @@
-"""Redis ACL users, one per service that keeps state in Redis (docs/adr/0015).
+"""Redis ACL users, one per service that keeps state in Redis (docs/adr/0018).
 
 Each user may touch only keys under its own prefix (`~<prefix>*`), publish or subscribe
 only on its own channels (`&<prefix><channel>`) and run only the commands its code sends:

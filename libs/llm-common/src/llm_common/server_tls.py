@@ -1,4 +1,4 @@
-"""Mutual TLS on a service's own gRPC port (docs/adr, local mesh mTLS).
+"""Mutual TLS on a service's own gRPC port (docs/adr/0018).
 
 A service's port trusts the identity headers the edge set, so on one host any local process
 that can connect could forge them. With GRPC_TLS_CERT_FILE, GRPC_TLS_KEY_FILE and
