@@ -11,7 +11,7 @@ from typing import TextIO
 
 import grpc
 
-from llmctl import admin, catalog, generation
+from llmctl import admin, catalog, generation, tenants
 from llmctl.connection import Credentials, Target, UsageError, target_from_env
 from llmctl.errors import one_line
 
@@ -102,7 +102,10 @@ def parser() -> argparse.ArgumentParser:
     usage.add_argument("--model", help="only this model")
     usage.set_defaults(run=_plain(admin.usage))
 
-    for p in (models, embed, create, listing, revoke, usage):
+    forget = tenants.add_parser(sub)
+    forget.set_defaults(run=_plain(tenants.forget))
+
+    for p in (models, embed, create, listing, revoke, usage, forget):
         p.add_argument("--timeout", type=float, default=30.0, help="seconds (default 30)")
     return root
 
