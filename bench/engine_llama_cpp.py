@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
 import random
 import statistics
 from collections.abc import Sequence
@@ -77,6 +78,7 @@ def bench_llama_cpp(model_root: Path, threads: int, quick: bool) -> dict[str, An
     except ImportError as exc:
         return {"skipped": f"llama-cpp-python is not installed ({exc}): run `make llama-cpp`"}
     version = str(llama_cpp.__version__)
+    load_before = os.getloadavg()[0]  # other tenants of a shared machine move both sides
     models = {
         name: _compare(model_root / name, version, threads, quick)
         for name in MODELS
@@ -91,6 +93,7 @@ def bench_llama_cpp(model_root: Path, threads: int, quick: bool) -> dict[str, An
         "weights_dtype": {"engine": "float32", "llama_cpp": f"GGUF {OUTTYPE}"},
         "kv_cache_dtype": {"engine": "float32", "llama_cpp": "f32"},
         "threads": threads,
+        "load_average_1m": {"start": load_before, "end": os.getloadavg()[0]},
         "headline_model": next(iter(models)),
         "batch1_decode_tokens_per_s": headline["batch_1"]["decode_tokens_per_s"],
         "concurrent16_tokens_per_s": headline["concurrent_16"]["output_tokens_per_s"],
