@@ -130,7 +130,11 @@ async def _rounds(
     model_dir: Path, gguf: Path, load: Workload, threads: int, count: int
 ) -> list[Round]:
     torch.set_num_threads(threads)
-    config = EngineConfig(kv_cache_memory_bytes=KV_BUDGET, num_threads=threads)
+    # No prefix caching: the rounds repeat the prompts, and llama.cpp starts each from an empty
+    # KV cache; with it the engine would skip the repeated prefills.
+    config = EngineConfig(
+        kv_cache_memory_bytes=KV_BUDGET, num_threads=threads, enable_prefix_caching=False
+    )
     engine = AsyncEngine.from_checkpoint(model_dir, config, model_dir.name)
     per_seq = -(-(PROMPT_TOKENS + load.single.max_tokens) // 256) * 256  # llama.cpp pads to 256
     runner = LlamaCppRunner(LlamaCppConfig(gguf, threads, CONCURRENCY, per_seq))
