@@ -234,7 +234,9 @@ def _open_run_dir() -> None:
     (run / "secrets").chmod(0o755)
     for path in (run / "secrets").iterdir():
         path.chmod(0o644)
-    (run / "envoy" / "logs").chmod(0o777)
+    # Sticky: Envoy (uid 101) writes its logs and its admin socket here; nobody else may
+    # remove or replace what it made.
+    (run / "envoy" / "logs").chmod(0o1777)
 
 
 def _logs_tail() -> str:

@@ -8,7 +8,7 @@ its whole configuration (`/config_dump`).
   and container on it could reach 127.0.0.1); in Kubernetes, each service pod's sidecar (the
   app container shares the pod's loopback). Only Envoy's own user can open the socket: the
   file permission is the credential. Operators use it for the mutating endpoints
-  (`curl --unix-socket <dir>/admin.sock -X POST http://admin/healthcheck/fail`).
+  (`curl --unix-socket .run/envoy/logs/admin.sock -X POST http://admin/healthcheck/fail`).
 - **Readers get a read-only listener**: locally on 127.0.0.1 at the old admin port, so
   `mesh-show`/`mesh-status`/`mesh-apply`, the stack's probes, Prometheus and the image's
   health check keep working: GET (and HEAD) of READ_ONLY_PATHS, proxied to the socket;
@@ -23,12 +23,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from llm_envoy.topology import Endpoint
+from llm_envoy.topology import LOG_DIR, Endpoint
 
 Config = dict[str, Any]
-ADMIN_SOCKET = "admin.sock"  # locally: in Envoy's working directory (the run directory)
+# Locally: in Envoy's log directory, the one directory of its working directory it may write
+# to when it runs as its own user (compose: uid 101; infra/docker/images.py opens it, sticky).
+ADMIN_SOCKET = f"{LOG_DIR}/admin.sock"
 K8S_ADMIN_DIR = "/var/run/envoy"  # an emptyDir mounted into the Envoy container only
-K8S_ADMIN_SOCKET = f"{K8S_ADMIN_DIR}/{ADMIN_SOCKET}"
+K8S_ADMIN_SOCKET = f"{K8S_ADMIN_DIR}/admin.sock"
 SOCKET_MODE = 0o600
 # What readers need: readiness, counters (also Prometheus'), cluster health, the running
 # config (mesh-show, mesh-apply), heap figures (bench-security), server info.

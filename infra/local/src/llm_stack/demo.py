@@ -63,7 +63,7 @@ LLM platform is up.
 
   gRPC + REST    http://{e.edge_http}   (h2c and HTTP/1.1; LLMService, OpenAI under /v1/)
   TLS            https://{e.edge_tls}  (dev CA: {e.ca_cert})
-  Envoy admin    http://{e.admin}   (reads only; the rest: {run_dir}/envoy/admin.sock)
+  Envoy admin    http://{e.admin}   (reads only; the rest: {run_dir}/envoy/logs/admin.sock)
   metrics        {", ".join(f"{n}={a}" for n, a in sorted(e.metrics.items()))}
   logs           {run_dir}/logs/     admin key: {admin_key_file}
 
