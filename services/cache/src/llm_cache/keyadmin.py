@@ -31,7 +31,8 @@ def _keys(settings: Settings) -> DataKeys:
     return DataKeys(client, settings.redis.key_prefix, read_key_file(path))
 
 
-async def _rewrap(settings: Settings) -> int:
+async def rewrap_all(settings: Settings) -> int:
+    """Rewrap every tenant's data keys with the active master key; returns how many changed."""
     keys = _keys(settings)
     tenants = f"{settings.redis.key_prefix}tenants"
     total = 0
@@ -42,7 +43,8 @@ async def _rewrap(settings: Settings) -> int:
     return total
 
 
-async def _rotate(settings: Settings, tenant: str) -> str:
+async def rotate_tenant(settings: Settings, tenant: str) -> str:
+    """A new active data key for `tenant`; returns its id (hex)."""
     keys = _keys(settings)
     key = await keys.rotate(tenant_tag(tenant))
     await keys.client.aclose()
@@ -61,9 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     settings = Settings.from_env(os.environ)
     if args.command == "rewrap":
-        print(f"rewrapped {asyncio.run(_rewrap(settings))} data keys")
+        print(f"rewrapped {asyncio.run(rewrap_all(settings))} data keys")
     else:
-        print(f"tenant data key is now {asyncio.run(_rotate(settings, args.tenant))}")
+        print(f"tenant data key is now {asyncio.run(rotate_tenant(settings, args.tenant))}")
     return 0
 
 

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 import redis.asyncio
 
+from llm_cache import keyadmin
 from llm_cache.canonical import request_key, tenant_tag
 from llm_cache.config import EncryptionSettings, Settings
+from llm_cache.datakeys import DataKeys
 from llm_cache.envelope import DEK_ID_BYTES, KeyRing, new_key_line, read_key_file
 from llmapi.cache.v1 import cache_service_pb2 as pb
 
@@ -217,3 +219,30 @@ def test_key_files_are_checked(tmp_path: Path) -> None:
     bad = key_file(tmp_path, "k1:c2hvcnQ=")
     with pytest.raises(ValueError, match="line 1"):
         read_key_file(bad)
+
+
+async def test_keyadmin_rewraps_every_tenant_and_rotates_one(
+    make_settings: Callable[..., Settings],
+    redis_client: redis.asyncio.Redis,
+    redis_prefix: str,
+    tmp_path: Path,
+) -> None:
+    old, new = new_key_line("k1"), new_key_line("k2")
+    settings = with_key(make_settings(), key_file(tmp_path, old))
+    before = {}
+    for tenant in ("tenant-a", "tenant-b"):
+        ring = read_key_file(key_file(tmp_path, old))
+        keys = DataKeys(redis_client, redis_prefix, ring)
+        before[tenant] = await keys.active(tenant_tag(tenant))
+        await redis_client.sadd(f"{redis_prefix}tenants", tenant_tag(tenant))
+    settings = with_key(settings, key_file(tmp_path, new, old))
+    assert await keyadmin.rewrap_all(settings) == 2
+    assert await keyadmin.rewrap_all(settings) == 0  # all wrapped by k2 now
+    only_new = DataKeys(redis_client, redis_prefix, read_key_file(key_file(tmp_path, new)))
+    for tenant, key in before.items():
+        opened = await only_new.get(tenant_tag(tenant), key.dek_id)
+        assert opened is not None
+        assert opened.open("e", "r", key.seal("e", "r", b"still here")) == b"still here"
+    rotated = await keyadmin.rotate_tenant(settings, "tenant-a")
+    assert rotated != before["tenant-a"].dek_id.hex()
+    assert (await only_new.active(tenant_tag("tenant-a"))).dek_id.hex() == rotated
