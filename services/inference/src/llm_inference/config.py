@@ -54,6 +54,9 @@ class EngineSettings:
     # tensorrt_llm: build the LLM with xgrammar guided decoding (output formats); off, a request
     # with sampling.format is INVALID_ARGUMENT. The torch engine always constrains.
     constrained_decoding: bool = True
+    # torch engine: prompt-lookup draft tokens per step, 0 = off (greedy requests only;
+    # sampling.disable_speculation opts a request out).
+    speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         _one_of("INFERENCE_BACKEND", self.backend, BACKENDS)
@@ -84,6 +87,9 @@ class EngineSettings:
             seed=env_int(environ, "INFERENCE_SEED", defaults.seed, min_value=0),
             constrained_decoding=env_bool(
                 environ, "INFERENCE_CONSTRAINED_DECODING", defaults.constrained_decoding
+            ),
+            speculative_tokens=env_int(
+                environ, "INFERENCE_SPECULATIVE_TOKENS", defaults.speculative_tokens, min_value=0
             ),
             **ints,
         )

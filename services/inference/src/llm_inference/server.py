@@ -28,6 +28,7 @@ from llm_inference.engine.engine import AsyncEngine
 from llm_inference.grammar_metrics import GrammarCollector
 from llm_inference.metrics import InferenceMetrics
 from llm_inference.service import Generation, InferenceServicer
+from llm_inference.speculative_metrics import SpeculativeCollector
 from llm_inference.token_bytes import TokenBytes, token_bytes_table
 from llm_inference.weights_digest import weights_digest
 from llmapi.inference.v1 import inference_service_pb2 as pb
@@ -83,6 +84,7 @@ async def _load_generation(
                     deployment.name, lambda: core.grammar_stats, lambda: core.grammars.stats
                 )
             )
+            metrics.watch(SpeculativeCollector(deployment.name, lambda: core.speculative_stats))
 
     async def on_stop() -> None:
         metrics.unwatch_load()

@@ -126,6 +126,7 @@ def sampling_options(
         min_tokens=sampling.min_tokens,
         min_p=sampling.min_p,
         output_format=output_format_spec(sampling),
+        speculative=not sampling.disable_speculation,
     )
 
 

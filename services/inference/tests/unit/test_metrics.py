@@ -76,3 +76,23 @@ def test_finished_requests_feed_histograms_and_counters() -> None:
     assert values[f"llm_inference_queue_time_seconds_count{label}"] == 1
     assert values[f"llm_inference_embedded_texts_total{label}"] == 2
     assert values[f"llm_inference_embedded_tokens_total{label}"] == 17
+
+
+def test_speculative_counters_and_rates_are_read_per_scrape() -> None:
+    from llm_inference.engine.speculative import SpeculativeStats
+    from llm_inference.speculative_metrics import SpeculativeCollector
+
+    registry = CollectorRegistry()
+    metrics = InferenceMetrics("demo", registry)
+    stats = SpeculativeStats(steps=10, drafted=40, accepted=30, emitted=40)
+    metrics.watch(SpeculativeCollector("demo", lambda: stats))
+    values = samples(generate_latest(registry).decode())
+    assert values['llm_inference_spec_decode_draft_tokens_total{model_name="demo"}'] == 40
+    assert values['llm_inference_spec_decode_accepted_tokens_total{model_name="demo"}'] == 30
+    assert values['llm_inference_spec_decode_acceptance_rate{model_name="demo"}'] == 0.75
+    assert values['llm_inference_spec_decode_tokens_per_verification{model_name="demo"}'] == 4.0
+    stats.accepted = 31
+    values = samples(generate_latest(registry).decode())
+    assert values['llm_inference_spec_decode_accepted_tokens_total{model_name="demo"}'] == 31
+    metrics.unwatch_load()
+    assert "spec_decode" not in generate_latest(registry).decode()

@@ -66,6 +66,12 @@ def test_every_field_maps() -> None:
     assert (given.priority, given.detokenize) == (4, True)
 
 
+def test_disable_speculation_opts_the_request_out() -> None:
+    assert generate_input(request(), FACTS, LIMITS).sampling.speculative
+    opted_out = generate_input(request(disable_speculation=True), FACTS, LIMITS)
+    assert not opted_out.sampling.speculative
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [

@@ -43,6 +43,7 @@ def engine_config(engine: EngineSettings, max_context: int | None) -> EngineConf
         quantization=cast(Quantization, engine.quantization),
         max_context=max_context,
         seed=engine.seed,
+        speculative_tokens=engine.speculative_tokens,
     )
 
 

@@ -58,6 +58,9 @@ class SamplingOptions:
     min_tokens: int = 0  # EOS and stop tokens masked until this many were generated
     min_p: float = 0.0  # [0, 1]; 0 = off
     output_format: OutputFormatSpec | None = None  # constrained decoding
+    # False opts out of speculative decoding (greedy output is the same either way; this
+    # only trades the speedup for a steadier per-token latency).
+    speculative: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,9 @@ The cache of a layer is [num_blocks, kv_heads, block_size, head_dim]; viewed as 
 
 Tokens of one step are laid out flat: first the single-token rows (decodes), batched into groups
 with a padding mask, then each multi-token span (a prefill chunk) with its own causal mask.
+
+With the paged kernel (paged_kernel.py; CPU, float32) decode rows skip the gather: one call
+attends over every row's blocks in place through the block tables (docs/adr, "paged decode").
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F  # noqa: N812
+
+from .paged_kernel import PagedDecodeFn
 
 # Largest attention score matrix (heads x queries x keys) materialised at once on CPU.
 CPU_SCORE_ELEMENTS = 1 << 22
@@ -41,6 +46,17 @@ class DecodeGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class PagedDecode:
+    """Single-token rows [start, start+size) attended in place by the paged kernel."""
+
+    start: int
+    size: int
+    tables: torch.Tensor  # [size, max_blocks] int64 block ids (0-padded past each row's end)
+    lens: torch.Tensor  # [size] int64 keys per row
+    kernel: PagedDecodeFn
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionMetadata:
     """Everything a layer needs to run attention for one step (shared by all layers)."""
 
@@ -50,6 +66,7 @@ class AttentionMetadata:
     # Reused gather buffers [rows, block_size, head_dim] for keys and values: filling a warm
     # buffer is a third faster on CPU than allocating (and page-faulting) a fresh one per call.
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+    paged: PagedDecode | None = None  # decode rows for the paged kernel (then no decode_groups)
 
 
 def write_kv(
@@ -82,6 +99,10 @@ def paged_attention(
     kv_heads = k_cache.shape[1]
     out = q.new_empty(tokens, heads, head_dim)
     k_space, v_space = meta.workspace if meta.workspace is not None else (None, None)
+    if meta.paged is not None:
+        p = meta.paged
+        rows = slice(p.start, p.start + p.size)
+        out[rows] = p.kernel(q[rows].contiguous(), k_cache, v_cache, p.tables, p.lens, scale)
     for group in meta.decode_groups:
         rows = slice(group.start, group.start + group.size)
         keys = _gather(k_cache, group.gather_index, group.size, kv_heads, k_space)

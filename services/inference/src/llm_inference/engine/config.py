@@ -10,10 +10,12 @@ from llm_common.config import ConfigError
 Dtype = Literal["float32", "bfloat16", "float16"]
 Device = Literal["cpu", "cuda"]
 Quantization = Literal["none", "int8"]
+AttentionBackend = Literal["auto", "paged", "gather"]
 
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 DEVICES: tuple[str, ...] = ("cpu", "cuda")
 QUANTIZATIONS: tuple[str, ...] = ("none", "int8")
+ATTENTION_BACKENDS: tuple[str, ...] = ("auto", "paged", "gather")
 GIB = 1 << 30
 
 
@@ -32,11 +34,19 @@ class EngineConfig:
     max_context: int | None = None  # None: the checkpoint's max_position_embeddings
     seed: int = 0  # default RNG for requests without their own seed
     num_threads: int | None = None  # torch intra-op threads on CPU; None leaves torch's default
+    # Speculative decoding (prompt lookup): draft tokens per step, 0 = off; see speculative.py.
+    speculative_tokens: int = 0
+    speculative_ngram_max: int = 3
+    speculative_max_batch: int = 8  # draft only while at most this many sequences decode
+    # Decode attention: paged = in place over the block tables (CPU float32 kernel), gather =
+    # copy each row's blocks into a contiguous buffer first (CUDA, other dtypes); auto picks.
+    attention_backend: AttentionBackend = "auto"
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("device", self.device, DEVICES)
         _check_choice("quantization", self.quantization, QUANTIZATIONS)
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         _check_positive("kv_block_size", self.kv_block_size)
         _check_positive("kv_cache_memory_bytes", self.kv_cache_memory_bytes)
         _check_positive("max_num_seqs", self.max_num_seqs)
@@ -45,6 +55,10 @@ class EngineConfig:
             _check_positive("max_context", self.max_context)
         if self.num_threads is not None:
             _check_positive("num_threads", self.num_threads)
+        if self.speculative_tokens < 0:
+            raise ConfigError("speculative_tokens: must be >= 0", variable="speculative_tokens")
+        _check_positive("speculative_ngram_max", self.speculative_ngram_max)
+        _check_positive("speculative_max_batch", self.speculative_max_batch)
 
 
 def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:

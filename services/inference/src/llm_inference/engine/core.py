@@ -35,8 +35,9 @@ from .models.config import CheckpointError, ModelConfig
 from .models.llama import LlamaModel
 from .output import RequestState
 from .sampler import Sampler
-from .scheduler import Scheduler
+from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence
+from .speculative import SpeculativeConfig, SpeculativeStats, draft_for, verify
 from .validation import validate_request, validate_resume
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_batched_tokens
         )
-        self.runner = ModelRunner(model, num_blocks, config.kv_block_size)
+        self.runner = ModelRunner(model, num_blocks, config.kv_block_size, config.attention_backend)
         default_generator = torch.Generator(device=self.runner.device)
         default_generator.manual_seed(config.seed)
         self.sampler = Sampler(default_generator)
@@ -97,6 +98,12 @@ class EngineCore:
         self._arrivals = 0
         self._produced: deque[tuple[float, int]] = deque()
         self.num_steps = 0
+        self.speculative = SpeculativeConfig(
+            num_tokens=config.speculative_tokens,
+            ngram_max=config.speculative_ngram_max,
+            max_batch=config.speculative_max_batch,
+        )
+        self.speculative_stats = SpeculativeStats()
 
     @classmethod
     def from_checkpoint(cls, path: Path, config: EngineConfig, model_name: str) -> EngineCore:
@@ -210,6 +217,7 @@ class EngineCore:
 
     def step(self) -> list[Emitted]:
         """Schedule and run one step; return the events it produced."""
+        draft_for(self.scheduler.running, self.speculative, self.max_context)
         output = self.scheduler.schedule()
         if output.is_empty:
             return []
@@ -218,12 +226,22 @@ class EngineCore:
             self._states[chunk.seq.request_id].mark_scheduled(now)
         result = self.runner.execute(output.chunks)
         for chunk in output.chunks:
-            chunk.seq.num_computed_tokens = chunk.end
+            chunk.seq.num_computed_tokens = chunk.end - chunk.num_draft
             self.block_manager.cache_full_blocks(chunk.seq)
-        seqs = [chunk.seq for chunk in result.sampled]
-        constrained = self.grammar_masker.apply(result.logits, seqs)
-        sample = self.sampler(result.logits, seqs, self.model_config.eos_token_ids)
-        self.grammar_masker.accept(seqs, sample.token_ids, result.logits, constrained)
+        plain, drafted = split_rows(result.sampled)
+        logits = result.logits if not drafted else result.logits[[r for r, _ in plain]]
+        emitted = self._sample(logits, [c.seq for _, c in plain]) if plain else []
+        if drafted:
+            emitted += self._verify(result.logits, drafted)
+        self._record_throughput(time.perf_counter(), len(emitted))
+        self.num_steps += 1
+        return emitted
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Emitted]:
+        """One token per row through the sampler (grammar masks, penalties, logprobs)."""
+        constrained = self.grammar_masker.apply(logits, seqs)
+        sample = self.sampler(logits, seqs, self.model_config.eos_token_ids)
+        self.grammar_masker.accept(seqs, sample.token_ids, logits, constrained)
         now = time.perf_counter()
         emitted: list[Emitted] = []
         for seq, token, logprob, top in zip(
@@ -234,8 +252,34 @@ class EngineCore:
             if state.finished:
                 del self._states[seq.request_id]
                 self.scheduler.finish(seq)
-        self._record_throughput(now, len(seqs))
-        self.num_steps += 1
+        return emitted
+
+    def _verify(
+        self, logits: torch.Tensor, drafted: list[tuple[int, ScheduledChunk]]
+    ) -> list[Emitted]:
+        """Greedy verification of drafted chunks: emit the agreed prefix and one more token."""
+        greedy: list[int] = logits.argmax(dim=-1).tolist()
+        now = time.perf_counter()
+        emitted: list[Emitted] = []
+        stats = self.speculative_stats
+        for row, chunk in drafted:
+            seq, k = chunk.seq, chunk.num_draft
+            verdict = verify(seq.draft_ids[:k], greedy[row : row + k + 1])
+            stats.steps += 1
+            stats.drafted += k
+            stats.accepted += verdict.accepted
+            state = self._states[seq.request_id]
+            for token in verdict.tokens:
+                emitted.append(Emitted(seq.request_id, state.append(token, None, now)))
+                stats.emitted += 1
+                if state.finished:
+                    break
+            if state.finished:
+                del self._states[seq.request_id]
+                self.scheduler.finish(seq)
+            else:  # K/V of the accepted drafts is valid; the rest is overwritten next step
+                seq.num_computed_tokens += verdict.accepted
+                self.block_manager.cache_full_blocks(seq)
         return emitted
 
     def load(self) -> LoadSnapshot:
@@ -277,6 +321,19 @@ class EngineCore:
     def _tokens_per_second(self, now: float) -> float:
         recent = [n for t, n in self._produced if now - t <= THROUGHPUT_WINDOW_S]
         return sum(recent) / THROUGHPUT_WINDOW_S if recent else 0.0
+
+
+def split_rows(
+    sampled: Seq[ScheduledChunk],
+) -> tuple[list[tuple[int, ScheduledChunk]], list[tuple[int, ScheduledChunk]]]:
+    """(first logits row, chunk) of the plain chunks and of those with drafts to verify."""
+    plain: list[tuple[int, ScheduledChunk]] = []
+    drafted: list[tuple[int, ScheduledChunk]] = []
+    row = 0
+    for chunk in sampled:
+        (drafted if chunk.num_draft else plain).append((row, chunk))
+        row += 1 + chunk.num_draft
+    return plain, drafted
 
 
 def load_tokenizer(path: Path) -> Decoder | None:

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .attention import AttentionMetadata, DecodeGroup, PrefillSpan
+from .attention import AttentionMetadata, DecodeGroup, PagedDecode, PrefillSpan
 from .kv_cache import allocate_kv_cache
 from .models.llama import LlamaModel
+from .paged_kernel import PagedDecodeFn, load_kernel
 from .scheduler import ScheduledChunk
 
 # Decode rows are gathered in groups of similar context length so that padding stays small;
@@ -21,7 +22,8 @@ MIN_GROUP_SIZE = 4
 
 @dataclass(frozen=True, slots=True)
 class StepOutput:
-    """Logits [rows, vocab] (float32) for the chunks that sample, in the same order."""
+    """Logits [rows, vocab] (float32) for the chunks that sample, in the same order: one row
+    per chunk, 1 + num_draft rows for a chunk with draft tokens (one per verified position)."""
 
     logits: torch.Tensor
     sampled: tuple[ScheduledChunk, ...]
@@ -30,11 +32,15 @@ class StepOutput:
 class ModelRunner:
     """Owns the model and its KV cache; executes one step at a time."""
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, model: LlamaModel, num_blocks: int, block_size: int, attention: str = "gather"
+    ) -> None:
         self.model = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         self.device = model.embed_tokens.device
+        self.paged_kernel = _paged_kernel(attention, self.device, model.dtype)
+        self.attention_backend = "paged" if self.paged_kernel is not None else "gather"
         config = model.config
         self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, model.dtype, self.device)
         self._kv_heads = np.arange(config.num_kv_heads, dtype=np.int64)
@@ -48,7 +54,8 @@ class ModelRunner:
         multis = [c for c in chunks if c.num_tokens > 1]
         ordered = [*singles, *multis]
         input_ids, positions, write_index = self._flatten(ordered)
-        groups = self._decode_groups(singles)
+        paged = self._paged_decode(singles)
+        groups = self._decode_groups(singles) if paged is None else ()
         prefills = self._prefill_spans(multis, start=len(singles))
         gathered = [g.gather_index.shape[0] for g in groups] + [
             p.gather_index.shape[0] for p in prefills if p.gather_index is not None
@@ -58,6 +65,7 @@ class ModelRunner:
             decode_groups=groups,
             prefills=prefills,
             workspace=self._workspace_for(max(gathered, default=0)),
+            paged=paged,
         )
         hidden = self.model(self._tensor(input_ids), self._tensor(positions), self.kv_caches, meta)
         rows: list[int] = []
@@ -66,7 +74,7 @@ class ModelRunner:
         for chunk in ordered:
             offset += chunk.num_tokens
             if chunk.samples:
-                rows.append(offset - 1)
+                rows.extend(range(offset - 1 - chunk.num_draft, offset))
                 sampled.append(chunk)
         if not rows:
             empty = torch.empty(0, self.model.config.vocab_size, device=self.device)
@@ -104,7 +112,7 @@ class ModelRunner:
         positions: list[np.ndarray] = []
         blocks: list[np.ndarray] = []
         for chunk in chunks:
-            input_ids.extend(chunk.seq.token_ids[chunk.start : chunk.end])
+            input_ids.extend(chunk.token_ids())
             pos = np.arange(chunk.start, chunk.end, dtype=np.int64)
             positions.append(pos)
             blocks.append(np.asarray(chunk.seq.block_table, dtype=np.int64)[pos // size])
@@ -115,6 +123,20 @@ class ModelRunner:
         rows = flat_blocks[:, None] * kv_heads + self._kv_heads[None, :]
         write_index = (rows * size + offsets[:, None]).reshape(-1)
         return np.asarray(input_ids, dtype=np.int64), flat_positions, write_index
+
+    def _paged_decode(self, singles: Seq[ScheduledChunk]) -> PagedDecode | None:
+        """All decode rows for the paged kernel: block tables and key counts, no gather index."""
+        if self.paged_kernel is None or not singles:
+            return None
+        size = self.block_size
+        lens = np.array([c.end for c in singles], dtype=np.int64)
+        tables = np.zeros((len(singles), -(-int(lens.max()) // size)), dtype=np.int64)
+        for i, chunk in enumerate(singles):
+            used = -(-chunk.end // size)
+            tables[i, :used] = chunk.seq.block_table[:used]
+        return PagedDecode(
+            0, len(singles), self._tensor(tables), self._tensor(lens), self.paged_kernel
+        )
 
     def _decode_groups(self, singles: Seq[ScheduledChunk]) -> tuple[DecodeGroup, ...]:
         """Groups of decode rows (sorted longest context first) with padded tables and masks."""
@@ -167,3 +189,13 @@ class ModelRunner:
         zero = torch.zeros((), dtype=self.model.dtype, device=self.device)
         neg = torch.full((), float("-inf"), dtype=self.model.dtype, device=self.device)
         return torch.where(valid, zero, neg)
+
+
+def _paged_kernel(attention: str, device: torch.device, dtype: torch.dtype) -> PagedDecodeFn | None:
+    """The kernel for `attention` = paged, or auto on CPU float32; None selects the gather path.
+
+    CUDA keeps the gather + SDPA path (one fused kernel per group there).
+    """
+    if attention == "gather" or device.type != "cpu" or dtype != torch.float32:
+        return None
+    return load_kernel()

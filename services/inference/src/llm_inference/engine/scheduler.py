@@ -15,7 +15,8 @@ class ScheduledChunk:
 
     seq: Sequence
     start: int
-    num_tokens: int
+    num_tokens: int  # draft tokens included
+    num_draft: int = 0  # trailing tokens from seq.draft_ids (speculative decoding)
 
     @property
     def end(self) -> int:
@@ -24,7 +25,11 @@ class ScheduledChunk:
     @property
     def samples(self) -> bool:
         """The chunk reaches the sequence's last token, so its logits yield a new token."""
-        return self.end == self.seq.num_tokens
+        return self.end - self.num_draft == self.seq.num_tokens
+
+    def token_ids(self) -> list[int]:
+        tokens = self.seq.token_ids[self.start : self.end - self.num_draft]
+        return tokens + self.seq.draft_ids[: self.num_draft]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +105,11 @@ class Scheduler:
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             num = min(seq.num_uncomputed_tokens, budget)
-            if not self._reserve(seq, num, preempted):
+            draft = min(len(seq.draft_ids), budget - 1) if num == 1 else 0
+            if not self._reserve(seq, num + draft, preempted):
                 break  # seq itself was preempted; everything after it already was
-            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, num))
-            budget -= num
+            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, num + draft, draft))
+            budget -= num + draft
             index += 1
         if not preempted:
             budget = self._admit(chunks, budget)

@@ -51,6 +51,8 @@ class Sequence:
     finish_reason: FinishReason | None = None
     # Constrained decoding: has accepted every generated token (kept across preemption).
     grammar: GrammarMatcher | None = None
+    # Speculative decoding: tokens proposed to follow token_ids this step (never in token_ids).
+    draft_ids: list[int] = field(default_factory=list)
     # Generated-token occurrences for the penalties, caught up lazily from token_ids (which
     # only grow), so every appender is covered and each token is counted once.
     _output_counts: Counter[int] = field(default_factory=Counter, init=False, repr=False)

@@ -176,6 +176,15 @@ def test_n_logprobs_penalties_and_vllm_extensions() -> None:
     assert dict(s.logit_bias) == {50256: -100.0, 17: 2.5}
 
 
+def test_disable_speculation_reaches_the_sampling_params() -> None:
+    assert chat_sampling(disable_speculation=True).disable_speculation
+    assert complete_sampling(disable_speculation=True).disable_speculation
+    assert not chat_sampling().disable_speculation
+    assert rejected({"disable_speculation": "yes"}).body()["error"]["param"] == (
+        "disable_speculation"
+    )
+
+
 def test_unset_extensions_stay_at_their_defaults() -> None:
     s = chat_sampling()
     assert (s.n, s.top_logprobs, s.min_tokens, s.min_p) == (0, 0, 0, 0.0)

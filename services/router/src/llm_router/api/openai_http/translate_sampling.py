@@ -64,6 +64,7 @@ def _basic(payload: Payload, params: common_pb2.SamplingParams) -> None:
     if seed is not None:
         params.seed = seed
     params.ignore_eos = flag(payload, "ignore_eos")  # vLLM's extension
+    params.disable_speculation = flag(payload, "disable_speculation")  # ours
 
 
 def _max_tokens(
