@@ -23,13 +23,23 @@ from llm_common.config import ConfigError
 from llm_common.ports import free_port
 from llm_common.server import ServiceSpec
 from llm_common.server_tls import ServerTls
+from llm_envoy import local_mtls
 from llm_envoy.certs import DevPki, ensure_dev_pki
-from llm_envoy.clusters import upstream_tls
-from llm_envoy.validate import envoy_binary
+from llm_envoy.clusters import REPLICA_CLUSTER, upstream_tls
+from llm_envoy.local_spec import LocalSpec
+from llm_envoy.policy import load_policy
+from llm_envoy.render import render_local_spec
+from llm_envoy.validate import envoy_binary, validate
+from llm_stack.catalogue import local_replicas
+from llm_stack.config import free_ports
+from llm_stack.mesh_pki import issue_mesh_certificates
 from llm_testing import RunningServer, running_server, settings_for_tests
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]
 
+REPO = Path(__file__).resolve().parents[2]
+MODELS = "infra/config/models.yaml"
+POLICY = "infra/envoy/policy.yaml"
 IDENTITY = "spiffe://llm.local/ns/local/sa/stack"
 FORGED = (("x-tenant-id", "victim"), ("x-key-id", "k-admin"), ("x-scopes", "admin"))
 HEALTH = health_pb2.HealthCheckRequest()
@@ -190,3 +200,34 @@ def test_tls_settings_come_in_threes(pki: DevPki) -> None:
         "GRPC_TLS_CLIENT_CA_FILE": str(pki.ca),
     }
     assert ServerTls.from_env(full) == ServerTls(pki.mesh_cert, pki.mesh_key, pki.ca)
+
+
+def test_the_local_mesh_tls_render_is_valid_envoy_config(tmp_path: Path) -> None:
+    """MESH_MTLS=1's one-host config: mTLS to every service port (each checked for its own
+    identity) and to pinned replicas, the mesh listener demands the router's certificate,
+    auth's own listeners for Envoy stay plaintext; Envoy accepts the whole config."""
+    ports = free_ports(tuple(r.port for r in local_replicas(REPO / MODELS))).envoy
+    workdir = tmp_path / "envoy"
+    pki = issue_mesh_certificates(
+        ensure_dev_pki(workdir / "certs", mesh_identity=IDENTITY), tmp_path / "mesh"
+    )
+    assert oct(pki.tls_for("cache").key.stat().st_mode & 0o777) == "0o600"
+    spec = LocalSpec(ports, mesh_tls=True)
+    config = local_mtls.local_config(spec.layout(load_policy(REPO / POLICY)))
+    clusters = {c["name"]: c for c in config["static_resources"]["clusters"]}
+    for name in ("auth", "tokenizer", "cache", "billing", "inference", "router_http"):
+        tls = clusters[name]["transport_socket"]["typed_config"]["common_tls_context"]
+        (san,) = tls["validation_context"]["match_typed_subject_alt_names"]
+        expected = "router" if name == "router_http" else name
+        assert san["matcher"]["exact"] == f"spiffe://llm.local/ns/local/sa/{expected}"
+    assert "transport_socket" in clusters[REPLICA_CLUSTER]
+    assert "transport_socket" not in clusters["auth_edge"]
+    (mesh,) = [x for x in config["static_resources"]["listeners"] if x["name"] == "mesh_outbound"]
+    downstream = mesh["filter_chains"][0]["transport_socket"]["typed_config"]
+    assert downstream["require_client_certificate"] is True
+    render_local_spec(spec, workdir, REPO / "protos", load_policy(REPO / POLICY))
+    assert LocalSpec.read(workdir).mesh_tls  # `make mesh-apply` keeps it
+    joined = workdir / "check.json"
+    joined.write_text(json.dumps(config))
+    verdict = validate(joined, workdir)  # Envoy's own --mode validate
+    assert verdict.ok, verdict.output

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from llm_envoy import bootstrap, live, render, xds
+from llm_envoy import bootstrap, live, local_mtls, render, xds
 from llm_envoy.local_spec import LocalSpec
 from llm_envoy.policy import load_policy
 from llm_envoy.validate import validate
@@ -56,7 +56,7 @@ def rendered(workdir: Path, policy_file: Path) -> tuple[LocalSpec, xds.XdsConfig
     """The running directory's layout with the policy in `policy_file` (PolicyError if bad)."""
     spec = LocalSpec.read(workdir)
     policy = load_policy(policy_file)
-    return spec, xds.split(bootstrap.local_config(spec.layout(policy)))
+    return spec, xds.split(local_mtls.local_config(spec.layout(policy)))
 
 
 def _validate(split: xds.XdsConfig, workdir: Path) -> float:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from llm_envoy.layouts import LOOPBACK, LocalPorts, local_layout
+from llm_envoy.local_mtls import with_mesh_tls
 from llm_envoy.policy_model import MeshPolicy
 from llm_envoy.topology import Endpoint, Layout
 
@@ -22,15 +23,17 @@ class LocalSpec:
     otlp: Endpoint | None = None
     admin_tenant: str = "system"
     listen_host: str = LOOPBACK
+    mesh_tls: bool = False  # MESH_MTLS=1: mTLS to every service and on the mesh listener
 
     def layout(self, policy: MeshPolicy) -> Layout:
-        return local_layout(
+        layout = local_layout(
             self.ports,
             otlp=self.otlp,
             admin_tenant=self.admin_tenant,
             listen_host=self.listen_host,
             policy=policy,
         )
+        return with_mesh_tls(layout) if self.mesh_tls else layout
 
     @property
     def admin(self) -> str:
@@ -57,4 +60,5 @@ class LocalSpec:
             otlp=None if otlp is None else Endpoint(otlp["host"], otlp["port"]),
             admin_tenant=data["admin_tenant"],
             listen_host=data["listen_host"],
+            mesh_tls=bool(data.get("mesh_tls", False)),  # absent: rendered before the option
         )

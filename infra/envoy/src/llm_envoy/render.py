@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from llm_envoy import bootstrap, layouts, xds
+from llm_envoy import bootstrap, layouts, local_mtls, xds
 from llm_envoy.descriptor import build_descriptor
 from llm_envoy.local_spec import LocalSpec
 from llm_envoy.policy_model import MeshPolicy
@@ -27,7 +27,7 @@ def render_local(layout: Layout, workdir: Path, protos_root: Path) -> Path:
     (certs/) are the caller's: see llm_envoy.certs."""
     (workdir / LOG_DIR).mkdir(parents=True, exist_ok=True)
     build_descriptor(protos_root, workdir / DESCRIPTOR)
-    split = xds.split(bootstrap.local_config(layout))
+    split = xds.split(local_mtls.local_config(layout))
     header = GENERATED.format(command="local")
     for name, response in split.files.items():
         write_atomically(workdir / xds.XDS_DIR / name, bootstrap.to_yaml(response, header))

@@ -21,6 +21,7 @@ from llm_stack.catalogue import local_replicas
 from llm_stack.checkpoint import UnservableCheckpointError
 from llm_stack.config import StackConfig
 from llm_stack.credentials import ensure_credentials
+from llm_stack.mesh_pki import mesh_paths
 from llm_stack.process import pid_alive, pid_command, terminate_recorded
 from llm_stack.redis_users import ensure_redis_users
 from llm_stack.stack import Stack, StackError, render_envoy
@@ -203,12 +204,13 @@ def status(config: StackConfig) -> int:
         print("llm-stack: not running")
         return EXIT_FAILED
     print(f"supervisor pid {state.supervisor_pid}, started {state.started_at}")
+    tls = mesh_paths(config.run_dir).probe_tls if config.mesh_mtls else None
     healthy = True
     for record in state.processes:
         alive = pid_alive(record.pid)
         if record.grpc_port:
             ok = alive and probes.grpc_serving(
-                f"127.0.0.1:{record.grpc_port}", record.health_service
+                f"127.0.0.1:{record.grpc_port}", record.health_service, tls=tls
             )
             port = f":{record.grpc_port}"
         elif record.name == "envoy":

@@ -81,6 +81,8 @@ class StackConfig:
     # LLM_REDIS_USERS=1: the given REDIS_URL has loaded the stack's ACL file (redis-users.acl);
     # each service connects as its own user there too (the stack's own Redis always does).
     redis_users: bool = False
+    # MESH_MTLS=1: every service port demands a mesh certificate (llm_stack.mesh_pki).
+    mesh_mtls: bool = False
     redis_prefix: str = ""  # prepended to every service's Redis key prefix (tests)
     otlp: Endpoint | None = None  # OTLP/gRPC collector for every service and Envoy
     log_level: str = "INFO"
@@ -107,6 +109,7 @@ class StackConfig:
             redis_url=_redis_url(environ),
             redis_cluster=env_str(environ, "REDIS_CLUSTER", "0") == "1",
             redis_users=env_str(environ, "LLM_REDIS_USERS", "0") == "1",
+            mesh_mtls=env_str(environ, "MESH_MTLS", "0") == "1",
             redis_prefix=env_str(environ, "LLM_REDIS_PREFIX", ""),
             otlp=None if otlp is None else parse_endpoint(otlp, "LLM_OTLP_ENDPOINT"),
             log_level=env_str(environ, "LOG_LEVEL", "INFO").upper(),

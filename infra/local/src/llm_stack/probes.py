@@ -15,6 +15,7 @@ from redis.exceptions import RedisClusterException
 
 from llm_common.config import ConfigError
 from llm_common.redis_conn import open_sync_client
+from llm_common.server_tls import ServerTls
 
 POLL_S = 0.2
 
@@ -23,9 +24,16 @@ class NotReadyError(RuntimeError):
     """A component did not become ready in time, or exited."""
 
 
-def grpc_serving(target: str, service: str = "", timeout_s: float = 1.0) -> bool:
-    """Whether `target` answers SERVING for `service`."""
-    with grpc.insecure_channel(target) as channel:
+def grpc_serving(
+    target: str, service: str = "", timeout_s: float = 1.0, tls: ServerTls | None = None
+) -> bool:
+    """Whether `target` answers SERVING for `service` (with `tls`: presenting that mesh
+    certificate, MESH_MTLS=1)."""
+    if tls is None:
+        opened = grpc.insecure_channel(target)
+    else:
+        opened = grpc.secure_channel(target, tls.channel_credentials())
+    with opened as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

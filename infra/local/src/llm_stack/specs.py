@@ -15,6 +15,7 @@ from llm_envoy.validate import envoy_binary
 from llm_stack.catalogue import LocalReplica
 from llm_stack.config import StackConfig
 from llm_stack.credentials import Credentials
+from llm_stack.mesh_pki import MeshPki
 from llm_stack.process import ProcessSpec
 from llm_stack.redis_users import StackRedisUsers
 
@@ -23,6 +24,7 @@ from llm_stack.redis_users import StackRedisUsers
 _DROPPED = (
     "GRPC_PORT", "METRICS_PORT", "OTEL_EXPORTER_OTLP_ENDPOINT", "REDIS_URL",
     "REDIS_CLUSTER_NODES", "REDIS_USERNAME", "REDIS_PASSWORD", "REDIS_TLS_CA_CERT",
+    "GRPC_TLS_CERT_FILE", "GRPC_TLS_KEY_FILE", "GRPC_TLS_CLIENT_CA_FILE",
 )  # fmt: skip
 
 
@@ -35,6 +37,7 @@ class Shared:
     models_config: Path  # the run directory's copy, with the bound replica ports
     credentials: Credentials
     redis_users: StackRedisUsers | None = None  # the stack's own Redis: one user per service
+    mesh_pki: MeshPki | None = None  # MESH_MTLS=1: each process's certificate
 
     @property
     def mesh(self) -> str:
@@ -67,6 +70,8 @@ def _service(
     env |= {"MODELS_CONFIG": str(shared.models_config), "MODEL_ROOT": str(c.model_root)}
     env |= dict(extra)
     service = "inference" if module == "llm_inference" else name
+    if shared.mesh_pki is not None:
+        env |= shared.mesh_pki.env_for(service)
     return ProcessSpec(
         name=name,
         argv=[sys.executable, "-m", module],

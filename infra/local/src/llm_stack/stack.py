@@ -21,6 +21,7 @@ from llm_envoy.topology import Layout
 from llm_stack import catalogue, probes, redis_cluster, scaling, specs
 from llm_stack.config import StackConfig
 from llm_stack.credentials import Credentials, ensure_credentials
+from llm_stack.mesh_pki import MeshPki, issue_mesh_certificates
 from llm_stack.models import ensure_checkpoints
 from llm_stack.process import ManagedProcess
 from llm_stack.redis_server import redis_spec
@@ -70,6 +71,7 @@ class Stack:
         self.credentials: Credentials | None = None
         self._redis: ManagedProcess | None = None
         self._redis_users: StackRedisUsers | None = None  # the own Redis's ACL users
+        self.mesh_pki: MeshPki | None = None  # MESH_MTLS=1
         self._cluster_nodes: list[ManagedProcess] = []  # REDIS_CLUSTER=1
         self._services: list[ManagedProcess] = []
         self._envoy: ManagedProcess | None = None
@@ -110,12 +112,15 @@ class Stack:
                 c.root, c.models_config, c.model_root, replicas, c.run_dir / "logs" / "model.log"
             )
         self.credentials = ensure_credentials(c.run_dir / "secrets")
+        if c.mesh_mtls:  # before any process starts: each gets its certificate
+            pki = ensure_dev_pki(self.envoy_dir / "certs", mesh_identity=STACK_IDENTITY)
+            self.mesh_pki = issue_mesh_certificates(pki, c.run_dir / "secrets" / "mesh")
         redis_url = self._start_redis()
         port_map = {r.port: c.ports.replica_port(r.port) for r in replicas}
         models = catalogue.write_copy(c.models_config, c.run_dir / "models.yaml", port_map)
         self.scalable = scaling.make_scalable(models, c.run_dir)
         shared = self._shared = specs.Shared(
-            c, redis_url, models, self.credentials, self._redis_users
+            c, redis_url, models, self.credentials, self._redis_users, self.mesh_pki
         )
         service_specs = [
             *specs.core_specs(shared),
@@ -203,9 +208,10 @@ class Stack:
     def _wait_serving(self, process: ManagedProcess) -> None:
         spec = process.spec
         target = f"127.0.0.1:{spec.grpc_port}"
+        tls = None if self.mesh_pki is None else self.mesh_pki.probe_tls
         probes.wait_until(
             spec.name,
-            lambda: probes.grpc_serving(target, spec.health_service),
+            lambda: probes.grpc_serving(target, spec.health_service, tls=tls),
             self.config.start_timeout_s,
             lambda: _exited(process),
         )
@@ -366,12 +372,13 @@ class Stack:
 
 
 MESH_POLICY = "infra/envoy/policy.yaml"
+STACK_IDENTITY = "spiffe://llm.local/ns/local/sa/stack"  # Envoy's mesh certificate
 
 
 def render_envoy(config: StackConfig, replicas: list[catalogue.LocalReplica]) -> Layout:
     """Envoy's working directory for this stack: envoy.yaml, proto/, logs/ and dev certs/."""
     workdir = config.run_dir / "envoy"
-    ensure_dev_pki(workdir / "certs", mesh_identity="spiffe://llm.local/ns/local/sa/stack")
+    ensure_dev_pki(workdir / "certs", mesh_identity=STACK_IDENTITY)
     generation = catalogue.generation_ports(replicas)
     balanced = tuple(config.ports.replica_port(p) for p in generation)
     spec = LocalSpec(
@@ -379,6 +386,7 @@ def render_envoy(config: StackConfig, replicas: list[catalogue.LocalReplica]) ->
         otlp=config.otlp,
         admin_tenant=config.admin_tenant,
         listen_host=config.listen_host,
+        mesh_tls=config.mesh_mtls,
     )
     # The mesh policy `make mesh-apply` later swaps in without a restart.
     policy = load_policy(config.root / MESH_POLICY)

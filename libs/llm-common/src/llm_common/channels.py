@@ -13,6 +13,7 @@ from llm_common.config import MIB
 from llm_common.deadlines import remaining_timeout
 from llm_common.interceptors import REQUEST_ID_HEADER
 from llm_common.logging import request_id_var
+from llm_common.server_tls import ServerTls
 from llm_common.tracing import context_headers, end_client_span, rpc_tracer, start_client_span
 
 __all__ = ["TracedChannel", "channel_options", "make_channel", "remaining_timeout"]
@@ -174,9 +175,11 @@ def make_channel(
     max_message_bytes: int = 16 * MIB,
     retry_unavailable: bool = True,
     tracer_provider: trace.TracerProvider | None = None,
+    tls: ServerTls | None = None,
 ) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel to `target` (mTLS is the mesh sidecar's job), traced and
-    carrying the request id and deadline of the RPC being served.
+    """A grpc.aio channel to `target`, traced and carrying the request id and deadline of the
+    RPC being served: plaintext (mTLS is the mesh sidecar's job), or with `tls` this
+    process's mesh certificate (one host: llm_common.server_tls).
 
     Set `retry_unavailable=False` when the call goes through an Envoy hop that already
     retries, so the same hop is never retried at two layers.
@@ -184,5 +187,8 @@ def make_channel(
     options = channel_options(
         max_message_bytes=max_message_bytes, retry_unavailable=retry_unavailable
     )
-    inner = grpc.aio.insecure_channel(target, options=options)
+    if tls is None:
+        inner = grpc.aio.insecure_channel(target, options=options)
+    else:
+        inner = grpc.aio.secure_channel(target, tls.channel_credentials(), options=options)
     return TracedChannel(inner, rpc_tracer(tracer_provider))

@@ -8,6 +8,7 @@ certificate from that CA: in practice the mesh's Envoy, which presents its mesh 
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,3 +50,19 @@ class ServerTls:
             root_certificates=self.client_ca.read_bytes(),
             require_client_auth=True,
         )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        """This process calling another mesh member: it presents its own certificate and
+        trusts the mesh CA (the peer's certificate names 127.0.0.1 for the host check)."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.client_ca.read_bytes(),
+            private_key=self.key.read_bytes(),
+            certificate_chain=self.cert.read_bytes(),
+        )
+
+    def http_context(self) -> ssl.SSLContext:
+        """The same demand on an HTTP listener (the router's OpenAI front end)."""
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(self.client_ca))
+        context.load_cert_chain(str(self.cert), str(self.key))
+        context.verify_mode = ssl.CERT_REQUIRED
+        return context

@@ -16,6 +16,7 @@ from llm_common.models_config import ModelCatalog, load_catalog
 from llm_common.outbox import Outbox
 from llm_common.resilience import AsyncBreaker
 from llm_common.server import BuiltServer, ServiceSpec
+from llm_common.server_tls import ServerTls
 from llm_router.admission.admit import Admitter
 from llm_router.admission.quota_lease import QuotaLeases
 from llm_router.admission.quota_memo import UnlimitedKeys
@@ -106,7 +107,7 @@ class Runtime:
             llm = InProcessLLMService(self.servicer, SELF_LOGGED_METHODS)
             listen = self.http_listen
             self.http = await start_openai_http(
-                listen.host, listen.port, llm, region_header=self.region_header
+                listen.host, listen.port, llm, region_header=self.region_header, tls=listen.tls
             )
 
     async def stop(self) -> None:
@@ -176,6 +177,7 @@ async def build_runtime(
             addr,
             max_message_bytes=settings.server.max_message_bytes,
             retry_unavailable=downstream.channel_retries,
+            tls=settings.server.tls,
         )
         channels.append(made)
         return made
@@ -289,7 +291,9 @@ async def build_runtime(
     )
     affinity = AffinityTable(max_entries=routing.affinity_entries, ttl_s=routing.affinity_ttl_s)
     selector = ReplicaSelector(board, affinity, routing, rng)
-    replica_channels = ReplicaChannels(mesh_addr=routing.mesh_addr, mesh_header=routing.mesh_header)
+    replica_channels = ReplicaChannels(
+        mesh_addr=routing.mesh_addr, mesh_header=routing.mesh_header, tls=settings.server.tls
+    )
     inference = InferenceClient(replica_channels)
     fleet = Fleet()
     dispatcher = Dispatcher(selector, board, inference, routing, metrics, rng=rng, fleet=fleet)
@@ -375,12 +379,13 @@ class HttpListen:
 
     host: str
     port: int
+    tls: ServerTls | None = None  # GRPC_TLS_*: callers need a mesh certificate here too
 
 
 def _http_listen(settings: Settings) -> HttpListen | None:
     if settings.http_port is None:
         return None
-    return HttpListen(settings.http_host, settings.http_port)
+    return HttpListen(settings.http_host, settings.http_port, settings.server.tls)
 
 
 async def serve(

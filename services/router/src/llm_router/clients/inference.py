@@ -9,6 +9,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from llm_common.channels import make_channel
+from llm_common.server_tls import ServerTls
 from llm_router.routing.load import LoadSnapshot
 from llm_router.routing.replica_stream import GenerateCall, replica_error
 from llmapi.inference.v1 import inference_service_pb2 as inf_pb
@@ -25,9 +26,12 @@ class ReplicaChannels:
     replica itself, and a hop must not be retried at two layers.
     """
 
-    def __init__(self, *, mesh_addr: str | None = None, mesh_header: str = "") -> None:
+    def __init__(
+        self, *, mesh_addr: str | None = None, mesh_header: str = "", tls: ServerTls | None = None
+    ) -> None:
         self._mesh_addr = mesh_addr
         self._mesh_header = mesh_header
+        self._tls = tls  # this router's mesh certificate, when ports demand one
         self._channels: dict[str, grpc.aio.Channel] = {}
 
     def stub(
@@ -46,7 +50,9 @@ class ReplicaChannels:
     def _channel_for(self, target: str) -> grpc.aio.Channel:
         channel = self._channels.get(target)
         if channel is None:
-            channel = self._channels[target] = make_channel(target, retry_unavailable=False)
+            channel = self._channels[target] = make_channel(
+                target, retry_unavailable=False, tls=self._tls
+            )
         return channel
 
     async def close(self) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from dataclasses import dataclass
 
 import grpc
 
 from llm_common.channels import make_channel
 from llm_common.logging import get_logger
+from llm_common.server_tls import ServerTls
 from llm_router.api.openai_http.app import OpenAIApp
 from llm_router.api.openai_http.errors import OpenAIError
 from llm_router.api.openai_http.in_process import InProcessLLMService
@@ -45,8 +47,10 @@ class OpenAIHttp:
         self._connections: dict[asyncio.Task[None], _Connection] = {}
         self.port = 0
 
-    async def _start(self, host: str, port: int) -> None:
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_HEADER_BYTES)
+    async def _start(self, host: str, port: int, context: ssl.SSLContext | None = None) -> None:
+        self._server = await asyncio.start_server(
+            self._serve, host, port, limit=MAX_HEADER_BYTES, ssl=context
+        )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -112,6 +116,7 @@ async def start_openai_http(
     *,
     region_header: str = "x-llm-region",
     max_body_bytes: int = MAX_BODY_BYTES,
+    tls: ServerTls | None = None,
 ) -> OpenAIHttp:
     """Serve the OpenAI-compatible API on host:port (0 = a free port), translating every call
     onto LLMService: in this process (the router's own servicer), or at a gRPC target (a
@@ -119,11 +124,11 @@ async def start_openai_http(
     channel = None
     if isinstance(llm, str):
         # No gRPC-level retries: the edge already retries this hop.
-        channel = make_channel(llm, retry_unavailable=False)
+        channel = make_channel(llm, retry_unavailable=False, tls=tls)
         app = OpenAIApp(pb_grpc.LLMServiceStub(channel), region_header)
     else:
         app = OpenAIApp(llm, region_header)
     listener = OpenAIHttp(app, channel, max_body_bytes)
-    await listener._start(host, port)
+    await listener._start(host, port, None if tls is None else tls.http_context())
     _log.info("openai http listening", port=listener.port)
     return listener
