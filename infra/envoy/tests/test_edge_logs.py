@@ -1,7 +1,8 @@
 """Issue 32, finding 4, on a real Envoy: a credential in the query string (any case, any of
 the usual names) is never written to a log, whatever became of the request (refused by auth,
 served, transcoded, too large, unknown on the mesh). Envoy's access logs drop the query
-string; auth, which sees the original path in its HTTP check, logs no paths."""
+string; the edge's Lua scrub removes credential-like parameters before auth's HTTP check
+or the router see the path (auth logs no paths either)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,9 @@ async def test_query_string_credentials_never_reach_a_log(edge: Edge) -> None:
     assert await asyncio.to_thread(wait_for, all_logged), edge.envoy.log_text()[-2000:]
     assert "QUERYSECRET" not in edge.envoy.log_text()
     assert "QUERYSECRET" not in auth_logs.text
+    # The edge removed the credential before the router saw the path; the rest stays.
+    assert "/v1/chat/completions?x=1" in edge.envoy.recorder.http_requests
+    assert not any("QUERYSECRET" in path for path in edge.envoy.recorder.http_requests)
 
 
 def _json_lines(text: str) -> list[str]:

@@ -18,6 +18,7 @@ from llm_envoy.policy_model import (
     RateLimit,
     seconds,
 )
+from llm_envoy.query_scrub import query_scrub_filter
 from llm_envoy.topology import (
     AUTH_EDGE,
     AUTH_HTTP,
@@ -265,13 +266,15 @@ def local_ratelimit_filter(bucket: LocalRateLimit) -> Config:
 
 
 def edge_filters(targets: AuthTargets, policy: EdgePolicy) -> list[Config]:
-    """Order matters: strip spoofed identity, (bucket,) bound the body, authenticate,
-    transcode, rate limit, route. The body limit goes before ext_authz: a body that arrives
-    whole while auth is asked would reach a later buffer filter as complete, unchecked."""
+    """Order matters: scrub credentials from the query, strip spoofed identity, (bucket,)
+    bound the body, authenticate, transcode, rate limit, route. The body limit goes before
+    ext_authz: a body that arrives whole while auth is asked would reach a later buffer
+    filter as complete, unchecked."""
     bucket = (
         [] if policy.local_rate_limit is None else [local_ratelimit_filter(policy.local_rate_limit)]
     )
     return [
+        query_scrub_filter(),  # before anything reads the path (llm_envoy.query_scrub)
         health_check_filter(),
         strip_identity_filter(),
         *bucket,

@@ -27,7 +27,7 @@ from llm_envoy.local_spec import LocalSpec
 from llm_envoy.policy import load_policy
 from llm_envoy.policy_model import MeshPolicy
 from llm_envoy.render import render_local_spec
-from llm_envoy.topology import LLM_SERVICE, SERVICES
+from llm_envoy.topology import LLM_SERVICE, SERVICES, Endpoint
 from llm_envoy.validate import envoy_binary
 
 START_TIMEOUT_S = 30.0
@@ -166,13 +166,14 @@ async def running_edge(
     policy: MeshPolicy | None = None,
     healthy: tuple[str, ...] = ("router",),
     patch: Callable[[Path], None] | None = None,
+    otlp: Endpoint | None = None,
 ) -> AsyncIterator[RunningEdge]:
     """The rendered local config on a real Envoy in front of recording upstreams; waits until
     the clusters in `healthy` are. `patch` may edit the rendered files first (a bench's
     baseline: the config as it was before a fix)."""
     recorder = Recorder()
     async with recording_router(recorder) as router, recording_http(recorder) as http:
-        spec = LocalSpec(_ports(router, http, auth))
+        spec = LocalSpec(_ports(router, http, auth), otlp=otlp)
         ensure_dev_pki(workdir / "certs", mesh_identity="spiffe://llm.local/ns/llm/sa/test")
         boot = render_local_spec(spec, workdir, protos_root, policy or load_policy())
         if patch is not None:
