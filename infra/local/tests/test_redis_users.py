@@ -4,6 +4,8 @@ its own REDIS_URL, and the real redis-server the stack starts refuses the defaul
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import stat
 import time
 from collections.abc import Callable
@@ -15,6 +17,8 @@ import yaml
 from redis.exceptions import AuthenticationError, NoPermissionError
 
 from llm_common.ports import free_port
+from llm_common.redis_conn import open_sync_client
+from llm_stack import probes, redis_cluster
 from llm_stack.config import StackConfig
 from llm_stack.credentials import ensure_credentials
 from llm_stack.process import ManagedProcess
@@ -109,3 +113,50 @@ def test_compose_loads_the_acl_file_and_gives_each_service_its_user() -> None:
     for service in ("auth", "cache", "billing"):
         assert compose[service]["env_file"] == f"../.run/secrets/redis-{service}.env"
         assert "REDIS_PASSWORD" not in compose[service]["environment"]
+
+
+def _cluster_ports(count: int = 6) -> list[int]:
+    """Free ports whose cluster bus port (+10000) is free too."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port + 10000 < 65536 and redis_cluster_port_free(port + 10000) and port not in ports:
+            ports.append(port)
+    return ports
+
+
+def redis_cluster_port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def test_the_local_cluster_nodes_have_the_same_users(tmp_path: Path) -> None:
+    users = ensure_redis_users(tmp_path / "secrets", admin=True)
+    ports = _cluster_ports()
+    node_specs = redis_cluster.node_specs(tmp_path, ports, {}, users)
+    assert users.admin_password is not None
+    for spec in node_specs:  # the replication password is in a 0600 file, not in argv
+        assert users.admin_password not in " ".join(spec.argv)
+    nodes = [ManagedProcess(s) for s in node_specs]
+    for node in nodes:
+        node.start()
+    try:
+        node_urls = [users.probe_url(f"redis://127.0.0.1:{p}/0") for p in ports]
+        assert _eventually(lambda: all(redis_reachable(u) for u in node_urls))
+        redis_cluster.create(ports, users)
+        url = redis_cluster.cluster_url(ports)
+        assert _eventually(lambda: probes.redis_ready(users.probe_url(url)), 30)
+        cache = open_sync_client(users.url_for(url, "cache"))
+        with contextlib.closing(cache):
+            cache.set("llmcache:{t}:x", "1")
+            with pytest.raises(NoPermissionError):
+                cache.get("auth:key:{k1}")
+        with redis.Redis(port=ports[0]) as anonymous, pytest.raises(AuthenticationError):
+            anonymous.ping()
+    finally:
+        for node in nodes:
+            node.stop()

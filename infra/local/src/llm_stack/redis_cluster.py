@@ -9,11 +9,14 @@ their cluster bus ports +10000.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
+from llm_common.redis_acl import ADMIN_USER
 from llm_stack.process import ProcessSpec
+from llm_stack.redis_users import StackRedisUsers
 from llm_testing.redis_cluster_local import cli_binary, server_binary
 
 CLUSTER_BASE_PORT = 7000
@@ -30,9 +33,12 @@ def cluster_url(ports: list[int]) -> str:
     return "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in ports)
 
 
-def node_specs(run_dir: Path, ports: list[int], env: dict[str, str]) -> list[ProcessSpec]:
+def node_specs(
+    run_dir: Path, ports: list[int], env: dict[str, str], users: StackRedisUsers | None = None
+) -> list[ProcessSpec]:
     """One redis-server per port, cluster-enabled, AOF fsynced every second (a fresh
-    directory: the previous run's cluster is discarded)."""
+    directory: the previous run's cluster is discarded). With `users`, every node loads the
+    stack's ACL file and replicates as `admin` (from a 0600 file: no password in argv)."""
     root = run_dir / "redis-cluster"
     shutil.rmtree(root, ignore_errors=True)
     binary = str(server_binary())
@@ -40,8 +46,9 @@ def node_specs(run_dir: Path, ports: list[int], env: dict[str, str]) -> list[Pro
     for port in ports:
         data = root / str(port)
         data.mkdir(parents=True, exist_ok=True)
+        conf = [] if users is None else [str(_auth_conf(data, users))]
         argv = [
-            binary, "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "yes",
+            binary, *conf, "--port", str(port), "--bind", "127.0.0.1", "--protected-mode", "yes",
             "--dir", str(data), "--cluster-enabled", "yes",
             "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
@@ -61,13 +68,30 @@ def node_specs(run_dir: Path, ports: list[int], env: dict[str, str]) -> list[Pro
     return specs
 
 
-def create(ports: list[int]) -> None:
-    """Join the nodes: `redis-cli --cluster create ... --cluster-replicas 1`."""
+def _auth_conf(data: Path, users: StackRedisUsers) -> Path:
+    """The node's configuration file with the ACL file and the replication credentials."""
+    if users.admin_password is None:
+        raise ValueError("a local cluster with users needs the admin user")
+    path = data / "auth.conf"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(f"aclfile {users.acl_path}\nmasteruser {ADMIN_USER}\n")
+        f.write(f"masterauth {users.admin_password}\n")
+    return path
+
+
+def create(ports: list[int], users: StackRedisUsers | None = None) -> None:
+    """Join the nodes: `redis-cli --cluster create ... --cluster-replicas 1` (as `admin`, its
+    password in the environment, when the nodes have users)."""
     cli = cli_binary(server_binary())
     if cli is None:
         raise RuntimeError("REDIS_CLUSTER=1 needs redis-cli (apt install redis-tools)")
     argv = [str(cli), "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports)]
     argv += ["--cluster-replicas", "1", "--cluster-yes"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=CREATE_TIMEOUT_S)
+    env = dict(os.environ)
+    if users is not None and users.admin_password is not None:
+        argv += ["--user", ADMIN_USER]
+        env["REDISCLI_AUTH"] = users.admin_password
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=CREATE_TIMEOUT_S, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"redis-cli --cluster create failed: {done.stdout[-300:]}")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llm_common.redis_acl import (
+    ADMIN_USER,
     PROBE_USER,
     SERVICE_ACLS,
     RedisUser,
@@ -33,6 +34,7 @@ class StackRedisUsers:
     services: dict[str, RedisUser]
     probe_password: str
     acl_path: Path
+    admin_password: str | None = None  # the local cluster's administration only
 
     def url_for(self, base_url: str, service: str) -> str:
         """`base_url` (no credentials) with `service`'s user."""
@@ -67,19 +69,22 @@ def _read_or_create(path: Path, user: str) -> str:
     return password
 
 
-def ensure_redis_users(directory: Path, prefix: str = "") -> StackRedisUsers:
+def ensure_redis_users(
+    directory: Path, prefix: str = "", *, admin: bool = False
+) -> StackRedisUsers:
     """Load (or create) every user's password in `directory`; write the ACL file for the
-    stack's prefixes."""
+    stack's prefixes (with `admin`, also the user that joins and replicates a local cluster)."""
     services = {
         name: RedisUser(name, _read_or_create(env_file(directory, name), name), key_prefix)
         for name, key_prefix in stack_prefixes(prefix).items()
     }
     probe = _read_or_create(env_file(directory, PROBE_USER), PROBE_USER)
+    admin_password = _read_or_create(env_file(directory, ADMIN_USER), ADMIN_USER) if admin else None
     path = directory / ACL_FILE
     temporary = path.with_suffix(".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(acl_file(services, probe))
+        f.write(acl_file(services, probe, admin_password))
     temporary.chmod(0o644)  # whatever the umask: hashes only (see the module docstring)
     temporary.replace(path)
-    return StackRedisUsers(services, probe, path)
+    return StackRedisUsers(services, probe, path, admin_password)

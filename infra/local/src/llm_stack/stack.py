@@ -187,20 +187,22 @@ class Stack:
         c = self.config
         ports = redis_cluster.cluster_ports()
         env = specs.base_env(c)
-        nodes = [ManagedProcess(s) for s in redis_cluster.node_specs(c.run_dir, ports, env)]
+        users = ensure_redis_users(c.run_dir / "secrets", c.redis_prefix, admin=True)
+        self._redis_users = users
+        nodes = [ManagedProcess(s) for s in redis_cluster.node_specs(c.run_dir, ports, env, users)]
         self._cluster_nodes = nodes
         for node in nodes:
             node.start()
         for node, port in zip(nodes, ports, strict=True):
-            self._wait_node(node, port)
-        redis_cluster.create(ports)
+            self._wait_node(node, users.probe_url(f"redis://127.0.0.1:{port}/0"))
+        redis_cluster.create(ports, users)
         url = redis_cluster.cluster_url(ports)
-        probes.wait_until("redis-cluster", lambda: probes.redis_ready(url), 30, _never_failed)
+        probe = users.probe_url(url)
+        probes.wait_until("redis-cluster", lambda: probes.redis_ready(probe), 30, _never_failed)
         return url
 
     @staticmethod
-    def _wait_node(node: ManagedProcess, port: int) -> None:
-        url = f"redis://127.0.0.1:{port}/0"
+    def _wait_node(node: ManagedProcess, url: str) -> None:
         probes.wait_until(
             node.spec.name, lambda: probes.redis_ready(url), 30, lambda: _exited(node)
         )

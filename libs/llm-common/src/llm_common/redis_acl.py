@@ -103,8 +103,11 @@ BILLING = ServiceAcl(
 
 SERVICE_ACLS: dict[str, ServiceAcl] = {acl.user: acl for acl in (AUTH, CACHE, BILLING)}
 DISABLED_DEFAULT = "user default off nopass resetkeys resetchannels -@all"
-# Health checks (the stack's readiness probe, compose's healthcheck): PING and nothing else.
+# Health checks (the stack's readiness probe, compose's healthcheck): PING, and a cluster
+# client's discovery, no key, no channel.
 PROBE_USER = "probe"
+# The local cluster's own administration (joining the nodes, replication): every command.
+ADMIN_USER = "admin"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,18 +144,29 @@ def user_rule(acl: ServiceAcl, user: RedisUser) -> str:
 
 
 def probe_rule(password: str) -> str:
-    """The `probe` user: no keys, no channels, PING only."""
+    """The `probe` user: no keys, no channels, PING (and a cluster client's discovery)."""
     head = f"user {PROBE_USER} on #{password_hash(password)} resetkeys resetchannels"
-    return f"{head} -@all +ping +hello +select"
+    discovery = "+command +cluster|slots +cluster|shards +cluster|info"
+    return f"{head} -@all +ping +hello +select {discovery}"
 
 
-def acl_file(users: Mapping[str, RedisUser], probe_password: str | None = None) -> str:
+def admin_rule(password: str) -> str:
+    return f"user {ADMIN_USER} on #{password_hash(password)} ~* &* +@all"
+
+
+def acl_file(
+    users: Mapping[str, RedisUser],
+    probe_password: str | None = None,
+    admin_password: str | None = None,
+) -> str:
     """An ACL file (redis-server --aclfile) with the default user off, one user per service
-    in `users` (service name -> its user) and, given its password, the probe user."""
+    in `users` (service name -> its user) and, given their passwords, the probe and admin."""
     lines = [DISABLED_DEFAULT]
     lines += [user_rule(SERVICE_ACLS[service], user) for service, user in sorted(users.items())]
     if probe_password is not None:
         lines.append(probe_rule(probe_password))
+    if admin_password is not None:
+        lines.append(admin_rule(admin_password))
     return "\n".join(lines) + "\n"
 
 
