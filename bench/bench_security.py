@@ -10,8 +10,10 @@ transcoder as it was; `limit_on`: the default policy) and per route (REST transc
 `heap_size`), Envoy's RSS peak, the answers' statuses, how many uploads reached the router,
 and the wall time.
 
-Writes bench/results/security.json ("envoy_heap" per configuration and route).
-Usage: python bench/bench_security.py [--mb 50] [--parallel 8]
+Also the latency the edge's query scrub (Lua) adds (`security_scrub_cost`, "query_scrub").
+
+Writes bench/results/security.json ("envoy_heap" per configuration and route, "query_scrub").
+Usage: python bench/bench_security.py [--mb 50] [--parallel 8] [--scrub-requests 2000]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from security_scrub_cost import scrub_cost
 
 from llm_auth.testing import delete_prefix, make_settings, serving, unique_prefix
 from llm_envoy import xds
@@ -181,13 +184,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=int, default=50)
     parser.add_argument("--parallel", type=int, default=8)
+    parser.add_argument("--scrub-requests", type=int, default=2000)
     args = parser.parse_args()
     heap: dict[str, Any] = {}
     for name, variant in variants().items():
         heap[name] = asyncio.run(measure(variant, args.mb, args.parallel))
         print(name, json.dumps(heap[name], indent=1), flush=True)
     limit = load_policy().edge.limits.max_request_body_bytes
-    result = {"max_request_body_bytes": limit, "envoy_heap": heap}
+    scrub = scrub_cost(PROTOS, args.scrub_requests)
+    print("query_scrub", json.dumps(scrub, indent=1), flush=True)
+    result = {"max_request_body_bytes": limit, "envoy_heap": heap, "query_scrub": scrub}
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "security.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {RESULTS / 'security.json'}")
