@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import getpass
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +22,7 @@ from llm_cache.canonical import tenant_tag
 from llm_cache.config import Settings
 from llm_cache.datakeys import DataKeys
 from llm_cache.envelope import new_key_line, read_key_file
+from llm_common.audit import AuditEvent, AuditLog, configure_audit
 from llm_common.redis_conn import open_client
 
 
@@ -62,11 +65,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(new_key_line(args.key_id))
         return 0
     settings = Settings.from_env(os.environ)
+    configure_audit(os.environ)  # operator key changes are audited like admin RPCs
     if args.command == "rewrap":
-        print(f"rewrapped {asyncio.run(rewrap_all(settings))} data keys")
+        changed = asyncio.run(rewrap_all(settings))
+        _audit("cache.keys.rewrap", "tenants:*", {"changed": str(changed)})
+        print(f"rewrapped {changed} data keys")
     else:
-        print(f"tenant data key is now {asyncio.run(rotate_tenant(settings, args.tenant))}")
+        dek_id = asyncio.run(rotate_tenant(settings, args.tenant))
+        _audit("cache.keys.rotate", f"tenant:{args.tenant}", {"data_key": dek_id})
+        print(f"tenant data key is now {dek_id}")
     return 0
+
+
+def _audit(action: str, target: str, details: dict[str, str]) -> None:
+    """The operator (OS user) on this host, straight against Redis: no key id to name."""
+    AuditLog().record(
+        AuditEvent(
+            action=action,
+            actor=f"operator:{getpass.getuser()}",
+            actor_tenant="-",
+            target=target,
+            outcome="OK",
+            source=f"cli@{socket.gethostname()}",
+            details=details,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -5,7 +5,11 @@ rotate while entries keep being served."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -246,3 +250,32 @@ async def test_keyadmin_rewraps_every_tenant_and_rotates_one(
     rotated = await keyadmin.rotate_tenant(settings, "tenant-a")
     assert rotated != before["tenant-a"].dek_id.hex()
     assert (await only_new.active(tenant_tag("tenant-a"))).dek_id.hex() == rotated
+
+
+async def test_keyadmin_command_is_audited(
+    redis_url: str, redis_prefix: str, redis_client: redis.asyncio.Redis, tmp_path: Path
+) -> None:
+    audit = tmp_path / "audit.log"
+    env = {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "CACHE_KEY_PREFIX": redis_prefix,
+        "CACHE_MASTER_KEY_FILE": str(key_file(tmp_path, new_key_line("k1"))),
+        "AUDIT_LOG_FILE": str(audit),
+    }
+    command = [sys.executable, "-m", "llm_cache.keyadmin", "rotate-tenant", "tenant-a"]
+    done = await asyncio.create_subprocess_exec(
+        *command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    stdout, stderr = await asyncio.wait_for(done.communicate(), timeout=60)
+    assert done.returncode == 0, stderr.decode()
+    dek_id = stdout.decode().split()[-1]
+    stored = await redis_client.hget(f"{redis_prefix}{{{tenant_tag('tenant-a')}}}:dek", "active")
+    assert stored == dek_id.encode()
+    (event,) = [json.loads(line) for line in audit.read_text().splitlines()]
+    assert (event["action"], event["target"], event["outcome"]) == (
+        "cache.keys.rotate",
+        "tenant:tenant-a",
+        "OK",
+    )
+    assert event["details"]["data_key"] == dek_id
