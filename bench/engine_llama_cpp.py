@@ -11,7 +11,10 @@ rounds, medians reported:
   output tokens / wall time (prefill included). llama.cpp decodes the 16 sequences together in
   one context (engine_llama_cpp_runner.py), as its `batched` example and server slots do.
 EOS is ignored on both sides, so both produce exactly the planned tokens; the greedy outputs of
-the two are compared as a check that they run the same model.
+the two are compared as a check that they run the same model. The engine runs without prefix
+caching here (the rounds repeat prompts; llama.cpp starts each from an empty KV cache), and
+llama.cpp without flash attention (its CPU flash attention works partly in f16); one extra
+llama.cpp run with its default flash attention is reported for reference.
 """
 
 from __future__ import annotations
@@ -29,7 +32,12 @@ from typing import Any
 
 import torch
 from engine_llama_cpp_gguf import gguf_for, tokenizer_agreement
-from engine_llama_cpp_runner import Generation, LlamaCppConfig, LlamaCppRunner
+from engine_llama_cpp_runner import (
+    FLASH_ATTN_AUTO,
+    Generation,
+    LlamaCppConfig,
+    LlamaCppRunner,
+)
 from engine_support import goal
 from gpu.runs import Request, run_batch
 
@@ -112,6 +120,7 @@ def _compare(model_dir: Path, version: str, threads: int, quick: bool) -> dict[s
     load = workload(vocab, 32 if quick else 128)
     rounds = asyncio.run(_rounds(model_dir, gguf, load, threads, 1 if quick else 3))
     return {
+        "llama_cpp_flash_attention": "disabled (float32 throughout, as the engine)",
         "gguf": gguf.name,
         "tokenizer_check": tokenizer_agreement(gguf, model_dir),
         "workload": {
@@ -123,7 +132,32 @@ def _compare(model_dir: Path, version: str, threads: int, quick: bool) -> dict[s
         "batch_1": _pair(rounds, "decode_tps", "decode_tokens_per_s"),
         "concurrent_16": _pair(rounds, "concurrent_tps", "output_tokens_per_s"),
         "greedy_agreement": _agreement(rounds[-1]),
+        "llama_cpp_default_flash_attention": _flash_attention_run(gguf, load, threads),
     }
+
+
+def _flash_attention_run(gguf: Path, load: Workload, threads: int) -> dict[str, Any]:
+    """llama.cpp once more with its default flash attention (AUTO: on for CPU, partly f16):
+    its speed at its own default precision, for reference next to the float32 comparison."""
+    n = load.single.max_tokens
+    config = LlamaCppConfig(gguf, threads, CONCURRENCY, _per_seq(load), FLASH_ATTN_AUTO)
+    runner = LlamaCppRunner(config)
+    try:
+        runner.generate([load.single.prompt], 4)
+        single = runner.generate([load.single.prompt], n)
+        many = runner.generate([r.prompt for r in load.concurrent], n)
+    finally:
+        runner.close()
+    return {
+        "batch_1_decode_tokens_per_s": (n - 1) / single.decode_seconds,
+        "concurrent_16_output_tokens_per_s": _tokens(many) / many.seconds,
+        "rounds": 1,
+    }
+
+
+def _per_seq(load: Workload) -> int:
+    """KV cells per sequence: prompt + output, rounded up to llama.cpp's 256-cell padding."""
+    return -(-(PROMPT_TOKENS + load.single.max_tokens) // 256) * 256
 
 
 async def _rounds(
@@ -136,8 +170,7 @@ async def _rounds(
         kv_cache_memory_bytes=KV_BUDGET, num_threads=threads, enable_prefix_caching=False
     )
     engine = AsyncEngine.from_checkpoint(model_dir, config, model_dir.name)
-    per_seq = -(-(PROMPT_TOKENS + load.single.max_tokens) // 256) * 256  # llama.cpp pads to 256
-    runner = LlamaCppRunner(LlamaCppConfig(gguf, threads, CONCURRENCY, per_seq))
+    runner = LlamaCppRunner(LlamaCppConfig(gguf, threads, CONCURRENCY, _per_seq(load)))
     await engine.start()
     try:
         await run_batch(engine, [Request(load.single.prompt, 4)], "warm")

@@ -19,6 +19,11 @@ from pathlib import Path
 from typing import Any
 
 GGML_TYPE_F32 = 0  # ggml.h: KV cache kept in float32, like the engine's float32 cache
+# llama.h's llama_flash_attn_type. llama.cpp's default (AUTO) enables flash attention on CPU,
+# which computes attention partly in f16 (its greedy outputs then differ from transformers'
+# float32 after near-ties); DISABLED keeps the whole forward pass in float32 (identical).
+FLASH_ATTN_AUTO = -1
+FLASH_ATTN_DISABLED = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +32,7 @@ class LlamaCppConfig:
     threads: int
     n_seq: int  # sequences decoded together at most
     n_ctx_per_seq: int  # prompt + output tokens one sequence may hold
+    flash_attn: int = FLASH_ATTN_DISABLED
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,7 @@ class LlamaCppRunner:
         params.n_threads_batch = cfg.threads
         params.type_k = GGML_TYPE_F32
         params.type_v = GGML_TYPE_F32
+        params.flash_attn_type = cfg.flash_attn
         params.no_perf = True
         return params
 
