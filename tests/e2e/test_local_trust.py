@@ -18,8 +18,10 @@ from redis.exceptions import AuthenticationError
 
 from llm_common.redis_conn import redacted
 from llm_stack import probes
+from llm_stack.cli import _mesh_tls
 from llm_stack.config import StackConfig
 from llm_stack.demo import create_key
+from llm_stack.mesh_pki import mesh_paths
 from llm_stack.stack import Endpoints, Stack
 
 from .conftest import REPO
@@ -92,3 +94,12 @@ def test_redis_refuses_the_default_user_and_logs_hold_no_password(trusting: Trus
     for log in (trusting.config.run_dir / "logs").iterdir():
         text = log.read_text(errors="replace")
         assert not [p for p in passwords if p in text], log.name
+
+
+def test_status_probes_with_the_mesh_certificate(trusting: Trusting) -> None:
+    # `make status` without MESH_MTLS in its environment: the Envoy layout says how it runs.
+    plain = StackConfig.from_env(REPO, {"LLM_RUN_DIR": str(trusting.config.run_dir)})
+    assert _mesh_tls(plain)
+    tls = mesh_paths(plain.run_dir).probe_tls
+    for name, target in trusting.endpoints.grpc.items():
+        assert probes.grpc_serving(target, tls=tls), name

@@ -15,6 +15,7 @@ from pathlib import Path
 import grpc
 
 from llm_common.config import ConfigError
+from llm_envoy.local_spec import LocalSpec
 from llm_stack import demo, k8s_secrets, probes, scaling
 from llm_stack.byo import DEFAULT_REPLICAS, OwnModel, model_name, sample_call, with_own_model
 from llm_stack.catalogue import local_replicas
@@ -204,7 +205,7 @@ def status(config: StackConfig) -> int:
         print("llm-stack: not running")
         return EXIT_FAILED
     print(f"supervisor pid {state.supervisor_pid}, started {state.started_at}")
-    tls = mesh_paths(config.run_dir).probe_tls if config.mesh_mtls else None
+    tls = mesh_paths(config.run_dir).probe_tls if _mesh_tls(config) else None
     healthy = True
     for record in state.processes:
         alive = pid_alive(record.pid)
@@ -222,6 +223,14 @@ def status(config: StackConfig) -> int:
         word = "healthy" if ok else ("UNHEALTHY" if alive else "DOWN")
         print(f"  {record.name + port:<24} pid {record.pid:<8} {word:<10} {record.log}")
     return EXIT_OK if healthy else EXIT_FAILED
+
+
+def _mesh_tls(config: StackConfig) -> bool:
+    """Whether the running stack was started with MESH_MTLS=1 (its Envoy layout says so)."""
+    try:
+        return LocalSpec.read(config.run_dir / "envoy").mesh_tls
+    except (FileNotFoundError, ValueError, KeyError):
+        return config.mesh_mtls
 
 
 def prepare(config: StackConfig) -> int:
