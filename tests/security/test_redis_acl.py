@@ -26,6 +26,7 @@ from llm_billing.prices import load_prices
 from llm_billing.server import build_billing, build_spec
 from llm_billing.snapshot import export_snapshot
 from llm_cache import config as cache_config
+from llm_cache.envelope import new_key_line
 from llm_cache.metrics import CacheMetrics
 from llm_cache.server import CacheApp, load_encoder
 from llm_cache.server import build_spec as cache_spec
@@ -176,15 +177,22 @@ async def test_auth_works_with_its_own_user(served_by: AclRedis | AclCluster) ->
         await stub.ReleaseConcurrency(auth_pb.ReleaseConcurrencyRequest(**base, lease_id="l1"))
         assert await auth.app.keys.rotate(record.key_id, grace_ms=0, now_ms=1) is not None
         await auth.app.keys.revoke(record.key_id, now_ms=1)
+        assert await auth.app.keys.forget_tenant("acme") == 1  # tenant erasure
     assert fresh.denials(IGNORED) == []
 
 
-async def test_cache_works_with_its_own_user(served_by: AclRedis | AclCluster) -> None:
+async def test_cache_works_with_its_own_user(
+    served_by: AclRedis | AclCluster, tmp_path: Path
+) -> None:
     fresh = served_by
+    master_keys = tmp_path / "cache-master.keys"  # encrypted at rest: data keys in Redis
+    master_keys.write_text(new_key_line("k1") + "\n")
+    master_keys.chmod(0o600)
     settings = cache_config.Settings(
         server=settings_for_tests("cache"),
         redis=cache_config.RedisSettings(url=fresh.url_for("cache"), timeout_s=2.0),
         semantic=cache_config.SemanticSettings(encoder_threads=1),
+        encryption=cache_config.EncryptionSettings(master_key_file=master_keys),
     )
     app = CacheApp(
         settings,
@@ -217,6 +225,9 @@ async def test_cache_works_with_its_own_user(served_by: AclRedis | AclCluster) -
         stats = await stub.Stats(cache_pb.StatsRequest(tenant_id="acme"))
         assert stats.entries == 1
         await stub.Invalidate(cache_pb.InvalidateRequest(tenant_id="acme"))
+        await stub.Store(cache_pb.StoreRequest(key=key, response=answer))
+        gone = await stub.ForgetTenant(cache_pb.ForgetTenantRequest(tenant_id="acme"))
+        assert gone.entries_removed == 1
     assert fresh.denials(IGNORED) == []
 
 
@@ -270,6 +281,8 @@ async def test_billing_works_with_its_own_user(
         usage = await stub.GetUsage(bill_pb.GetUsageRequest(tenant_id="acme", **window))
         assert usage.total.requests == 1
         await asyncio.sleep(0.5)  # the sweeper and the outbox drain run at least once
+        forgotten = await stub.ForgetTenant(bill_pb.ForgetTenantRequest(tenant_id="acme"))
+        assert forgotten.ledger_records_deleted == 2
     client = open_client(fresh.url_for("billing"), timeout_s=2.0, decode_responses=True)
     try:
         assert await export_snapshot(client, "billing:", io.StringIO()) > 0

@@ -61,8 +61,9 @@ AUTH = ServiceAcl(
     default_prefix="auth:",
     prefix_variable="AUTH_REDIS_PREFIX",
     commands=(
-        # keystore / key admin: records, per-tenant index, revocation announcements
-        "hgetall", "zrange", "publish", "subscribe",
+        # keystore / key admin: records, per-tenant index, revocation announcements; tenant
+        # erasure deletes records and the tenant's rate-limit keys (SCAN MATCH under the prefix)
+        "hgetall", "zrange", "publish", "subscribe", "del", "scan",
         # limiter, quota and key scripts (llm_auth.lua)
         "exists", "hget", "hmget", "hset", "pexpire", "pttl", "time",
         "zadd", "zcard", "zrem", "zremrangebyscore", "zscore",
@@ -98,6 +99,8 @@ BILLING = ServiceAcl(
         "scan",
         # ledger scripts (llm_billing/lua)
         "hincrby", "xadd", "zrem", "zremrangebyscore",
+        # tenant erasure: open reservations must be none first
+        "zcard",
     ),
 )  # fmt: skip
 
