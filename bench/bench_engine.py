@@ -1,12 +1,19 @@
-"""Inference engine: continuous batching vs transformers generate, prefix-cache TTFT, RSS, int8.
+"""Inference engine: continuous batching vs transformers generate, decode attention with and
+without the gather, speculative decoding, prefix-cache TTFT, RSS, int8.
 
-On the demo checkpoint, in one process and one run:
-- throughput: 64 greedy requests (prompts 16-512 tokens, outputs 16-256, EOS ignored so the
-  lengths are as planned) submitted at once to the engine, vs transformers `generate` over the
-  same requests in static left-padded batches (each batch runs to its longest output); both
-  run at each torch thread count and each side is judged at its best setting; engine runs
-  are interleaved with the transformers runs (median counts) and CPU-time rates are reported
+In one process and one run:
+- throughput: on the 121M bench model (`make bench-model`), 64 greedy requests (prompts
+  16-192 tokens, outputs 8-96, EOS ignored so the lengths are as planned) submitted at once
+  to the engine, vs transformers `generate` over the same requests in static left-padded
+  batches (each batch runs to its longest output), at the largest thread count; engine runs
+  before and after the transformers run (the slower counts);
+- throughput_demo: the same comparison on the 5M demo checkpoint (prompts 16-512, outputs
+  16-256) at each torch thread count, each side judged at its best setting, engine runs
+  interleaved with the transformers runs (median counts); CPU-time rates are reported
   next to wall-clock, as the machine may be shared;
+- decode_step: decode step time vs context length (batch 8), paged kernel vs gather, both models;
+- speculative: prompt lookup on vs off, code/JSON editing prompts, one request at a time, on
+  the trained demo-chat model (and on the random demo model, where lookups rarely hit);
 - shared prefix: 32 requests sharing a 384-token system prompt, mean TTFT with and without
   prefix caching, both submitted at once (burst) and one after another (sequential);
 - memory: RSS over 2,000 sequential short requests;
@@ -32,32 +39,59 @@ from typing import Any
 import torch
 from engine_baselines import bench_int8
 from engine_config import (
+    BENCH_MODEL,
+    BENCH_OUTPUTS,
+    BENCH_PROMPTS,
+    DECODE_BATCH,
+    DECODE_CONTEXTS,
+    DEMO_CHAT,
     GOAL_RSS_DRIFT,
+    GOAL_SPECULATIVE_SPEEDUP,
     GOAL_THROUGHPUT_RATIO,
     GOAL_TTFT_RATIO,
     MODEL,
     RESULTS,
     ROOT,
+    SPECULATIVE_TOKENS,
 )
+from engine_decode import bench_decode_steps
 from engine_grid import bench_throughput_grid
 from engine_llama_cpp import bench_llama_cpp
 from engine_prefix import bench_prefix
 from engine_report import machine_info, plot, print_summary
 from engine_rss import bench_rss
+from engine_speculative import bench_speculative
 from engine_support import ensure_passive_openmp, goal, timed
 from engine_workloads import mixed_requests, shared_prefix_requests
 
 
 def run(
-    model_dir: Path, thread_counts: Sequence[int], quick: bool, hf_batch_sizes: Sequence[int]
+    model_root: Path, thread_counts: Sequence[int], quick: bool, hf_batch_sizes: Sequence[int]
 ) -> dict[str, Any]:
+    model_dir, big_dir = model_root / MODEL, model_root / BENCH_MODEL
     vocab = int(json.loads((model_dir / "config.json").read_text("utf-8"))["vocab_size"])
     machine = machine_info(thread_counts)
-    mixed = mixed_requests(16 if quick else 64, seed=0, vocab=vocab)
+    count = 16 if quick else 64
     sections: dict[str, float] = {}
     with timed(sections, "throughput"):
-        throughput = bench_throughput_grid(model_dir, mixed, thread_counts, hf_batch_sizes)
-    torch.set_num_threads(throughput["best_engine"]["threads"])
+        torch.set_num_threads(max(thread_counts))
+        big = mixed_requests(count, 0, vocab, BENCH_PROMPTS, BENCH_OUTPUTS)
+        throughput = bench_throughput_grid(
+            big_dir, big, [max(thread_counts)], hf_batch_sizes, max_engine_runs=2
+        )
+    with timed(sections, "throughput_demo"):
+        mixed = mixed_requests(count, seed=0, vocab=vocab)
+        demo = bench_throughput_grid(model_dir, mixed, thread_counts, hf_batch_sizes)
+    torch.set_num_threads(demo["best_engine"]["threads"])
+    with timed(sections, "decode_step"):
+        contexts = DECODE_CONTEXTS[:3] if quick else DECODE_CONTEXTS
+        decode = {
+            name: bench_decode_steps(path, contexts, DECODE_BATCH, 1 << 30)
+            for name, path in ((BENCH_MODEL, big_dir), (MODEL, model_dir))
+        }
+    with timed(sections, "speculative"):
+        speculative = bench_speculative(DEMO_CHAT, SPECULATIVE_TOKENS, 1 if quick else 3)
+        speculative["random_model"] = bench_speculative(model_dir, SPECULATIVE_TOKENS, 1)
     with timed(sections, "shared_prefix"):
         requests = shared_prefix_requests(32, 1, vocab)
         prefix = asyncio.run(bench_prefix(model_dir, requests, rounds=1 if quick else 3))
@@ -69,16 +103,23 @@ def run(
         llama_cpp = bench_llama_cpp(model_dir.parent, torch.get_num_threads(), quick)
     return {
         "benchmark": "inference engine vs transformers generate (static padded batches)",
-        "model": MODEL,
+        "model": BENCH_MODEL,
         "dtype": "float32",
         "device": "cpu",
         "throughput": throughput,
+        "throughput_demo": demo,
+        "decode_step": decode,
+        "speculative": speculative,
         "shared_prefix": prefix,
         "rss": rss,
         "int8": int8,
         "llama_cpp": llama_cpp,
         "goals": {
             "throughput_ratio": goal(throughput["ratio"], GOAL_THROUGHPUT_RATIO, higher=True),
+            "throughput_ratio_demo": goal(demo["ratio"], GOAL_THROUGHPUT_RATIO, higher=True),
+            "speculative_speedup": goal(
+                speculative["speedup"], GOAL_SPECULATIVE_SPEEDUP, higher=True
+            ),
             "prefix_ttft_ratio_burst": goal(
                 prefix["burst_ttft_ratio"], GOAL_TTFT_RATIO, higher=True
             ),
@@ -102,13 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if argv is None:
         ensure_passive_openmp()
-    model_dir = (args.model_root / MODEL).resolve()
-    if not (model_dir / "config.json").is_file():
-        print(f"no demo checkpoint at {model_dir}: run `make model` first", file=sys.stderr)
-        return 2
+    root = args.model_root.resolve()
+    for name, target in ((MODEL, "model"), (BENCH_MODEL, "bench-model")):
+        if not (root / name / "config.json").is_file():
+            print(f"no checkpoint at {root / name}: run `make {target}` first", file=sys.stderr)
+            return 2
     sizes = [int(s) for s in args.hf_batch_sizes.split(",") if s.strip()]
     threads = [int(t) for t in args.threads.split(",") if t.strip()]
-    summary = run(model_dir, threads, args.quick, sizes)
+    summary = run(root, threads, args.quick, sizes)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "engine.json").write_text(json.dumps(summary, indent=2) + "\n", "utf-8")
     plot(summary, args.out / "engine.png")

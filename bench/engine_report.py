@@ -32,22 +32,16 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     tput = summary["throughput"]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    results = [(f"engine\n{k}", r) for k, r in tput["engine"].items()] + [
-        (f"HF generate\n{k.replace(',', chr(10))}", r) for k, r in tput["transformers"].items()
-    ]
-    colors = ["tab:blue"] * len(tput["engine"]) + ["tab:gray"] * len(tput["transformers"])
-    bars = axes[0].bar(
-        [name for name, _ in results], [r["output_tokens_per_s"] for _, r in results], color=colors
-    )
-    axes[0].bar_label(bars, fmt="%.0f")
-    axes[0].set_ylabel("output tokens / s")
-    axes[0].tick_params(axis="x", labelsize=7)
-    axes[0].set_title(f"{tput['requests']} mixed requests: best {tput['ratio']:.1f}x transformers")
+    fig, grid = plt.subplots(2, 3, figsize=(15, 9))
+    axes = grid[0]
+    _throughput_bars(axes[0], tput)
+    _throughput_bars(grid[1][0], summary["throughput_demo"])
+    _decode_lines(grid[1][1], summary["decode_step"])
+    _speculative_bars(grid[1][2], summary["speculative"])
     axes[1].hist(tput["best_engine"]["ttft_ms"], bins=16, color="tab:blue")
     axes[1].set_xlabel("time to first token (ms)")
     axes[1].set_ylabel("requests")
-    axes[1].set_title("engine TTFT, 64 requests submitted at once")
+    axes[1].set_title(f"engine TTFT ({tput['model']}), {tput['requests']} requests at once")
     prefix = summary["shared_prefix"]
     modes = ["burst", "sequential"]
     width = 0.38
@@ -68,6 +62,53 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def _throughput_bars(ax: Any, tput: dict[str, Any]) -> None:
+    results = [(f"engine\n{k}", r) for k, r in tput["engine"].items()] + [
+        (f"HF generate\n{k.replace(',', chr(10))}", r) for k, r in tput["transformers"].items()
+    ]
+    colors = ["tab:blue"] * len(tput["engine"]) + ["tab:gray"] * len(tput["transformers"])
+    bars = ax.bar(
+        [name for name, _ in results], [r["output_tokens_per_s"] for _, r in results], color=colors
+    )
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("output tokens / s")
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_title(
+        f"{tput['model']}, {tput['requests']} mixed requests: {tput['ratio']:.1f}x transformers"
+    )
+
+
+def _decode_lines(ax: Any, decode: dict[str, Any]) -> None:
+    for (name, result), color in zip(decode.items(), ("tab:blue", "tab:orange"), strict=False):
+        if "skipped" in result:
+            continue
+        ax.plot(result["contexts"], result["paged_ms"], "o-", color=color, label=f"{name} paged")
+        ax.plot(result["contexts"], result["gather_ms"], "s--", color=color, label=f"{name} gather")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("decode step (ms), batch 8")
+    ax.set_title("decode step: paged kernel vs gather")
+    ax.legend(fontsize=7)
+
+
+def _speculative_bars(ax: Any, spec: dict[str, Any]) -> None:
+    runs = [(spec["model"], spec), (spec["random_model"]["model"], spec["random_model"])]
+    labels, heights, colors = [], [], []
+    for name, result in runs:
+        tokens = result["output_tokens"]
+        labels += [f"{name}\noff", f"{name}\non"]
+        heights += [tokens / result["seconds_off"], tokens / result["seconds_on"]]
+        colors += ["tab:gray", "tab:blue"]
+    bars = ax.bar(labels, heights, color=colors)
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("output tokens / s, one request at a time")
+    ax.set_title(
+        f"prompt lookup {spec['speedup']:.2f}x, acceptance {spec['acceptance']:.0%}\n"
+        f"(random model {spec['random_model']['speedup']:.2f}x)"
+    )
+
+
 def print_summary(summary: dict[str, Any]) -> None:
     tput = summary["throughput"]
     rows = [(f"engine, {k}", r) for k, r in tput["engine"].items()] + [
@@ -79,6 +120,19 @@ def print_summary(summary: dict[str, Any]) -> None:
             f"({result['output_tokens_per_cpu_s']:,.0f} per CPU-second)"
         )
     print(f"best vs best: {tput['ratio']:.2f}x wall, {tput['cpu_time_ratio']:.2f}x CPU time")
+    demo = summary["throughput_demo"]
+    print(f"demo model: {demo['ratio']:.2f}x wall, {demo['cpu_time_ratio']:.2f}x CPU time")
+    for name, result in summary["decode_step"].items():
+        if "skipped" not in result:
+            pairs = zip(result["contexts"], result["gather_over_paged"], strict=True)
+            print(
+                f"decode step {name}: gather/paged " + ", ".join(f"{c}: {r:.2f}x" for c, r in pairs)
+            )
+    spec = summary["speculative"]
+    print(
+        f"speculative ({spec['model']}): {spec['speedup']:.2f}x, acceptance "
+        f"{spec['acceptance']:.1%}, identical {spec['identical_greedy_output']}"
+    )
     prefix = summary["shared_prefix"]
     for mode in ("burst", "sequential"):
         with_cache = prefix["with_cache"][mode]["mean_ttft_ms"]

@@ -10,12 +10,18 @@ from engine_values import Request
 from llm_inference.engine.api import SamplingOptions
 
 
-def mixed_requests(count: int, seed: int, vocab: int) -> list[Request]:
+def mixed_requests(
+    count: int,
+    seed: int,
+    vocab: int,
+    prompt_range: tuple[int, int] = (16, 512),
+    output_range: tuple[int, int] = (16, 256),
+) -> list[Request]:
     rng = random.Random(seed)
     return [
         Request(
-            [rng.randrange(FIRST_ID, vocab) for _ in range(rng.randint(16, 512))],
-            rng.randint(16, 256),
+            [rng.randrange(FIRST_ID, vocab) for _ in range(rng.randint(*prompt_range))],
+            rng.randint(*output_range),
         )
         for _ in range(count)
     ]
