@@ -51,12 +51,16 @@ class ModelRunner:
         singles = sorted(
             (c for c in chunks if c.num_tokens == 1), key=lambda c: c.start, reverse=True
         )
-        multis = [c for c in chunks if c.num_tokens > 1]
-        ordered = [*singles, *multis]
+        # With the paged kernel a drafted chunk's positions are decode rows over one table
+        # (row i sees start + i + 1 keys: causal without a mask); otherwise a prefill span.
+        drafted = [c for c in chunks if c.num_draft] if self.paged_kernel is not None else []
+        multis = [c for c in chunks if c.num_tokens > 1 and not (drafted and c.num_draft)]
+        ordered = [*singles, *drafted, *multis]
         input_ids, positions, write_index = self._flatten(ordered)
-        paged = self._paged_decode(singles)
+        paged = self._paged_decode([*singles, *drafted])
         groups = self._decode_groups(singles) if paged is None else ()
-        prefills = self._prefill_spans(multis, start=len(singles))
+        paged_rows = paged.size if paged is not None else len(singles)
+        prefills = self._prefill_spans(multis, start=paged_rows)
         gathered = [g.gather_index.shape[0] for g in groups] + [
             p.gather_index.shape[0] for p in prefills if p.gather_index is not None
         ]
@@ -124,18 +128,20 @@ class ModelRunner:
         write_index = (rows * size + offsets[:, None]).reshape(-1)
         return np.asarray(input_ids, dtype=np.int64), flat_positions, write_index
 
-    def _paged_decode(self, singles: Seq[ScheduledChunk]) -> PagedDecode | None:
-        """All decode rows for the paged kernel: block tables and key counts, no gather index."""
-        if self.paged_kernel is None or not singles:
+    def _paged_decode(self, chunks: Seq[ScheduledChunk]) -> PagedDecode | None:
+        """Every position of `chunks` as a kernel row: its block table and key count."""
+        if self.paged_kernel is None or not chunks:
             return None
         size = self.block_size
-        lens = np.array([c.end for c in singles], dtype=np.int64)
-        tables = np.zeros((len(singles), -(-int(lens.max()) // size)), dtype=np.int64)
-        for i, chunk in enumerate(singles):
+        lens = np.concatenate([np.arange(c.start + 1, c.end + 1, dtype=np.int64) for c in chunks])
+        tables = np.zeros((len(lens), -(-int(lens.max()) // size)), dtype=np.int64)
+        row = 0
+        for chunk in chunks:
             used = -(-chunk.end // size)
-            tables[i, :used] = chunk.seq.block_table[:used]
+            tables[row : row + chunk.num_tokens, :used] = chunk.seq.block_table[:used]
+            row += chunk.num_tokens
         return PagedDecode(
-            0, len(singles), self._tensor(tables), self._tensor(lens), self.paged_kernel
+            0, len(lens), self._tensor(tables), self._tensor(lens), self.paged_kernel
         )
 
     def _decode_groups(self, singles: Seq[ScheduledChunk]) -> tuple[DecodeGroup, ...]:
