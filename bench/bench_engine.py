@@ -54,7 +54,7 @@ from engine_config import (
     ROOT,
     SPECULATIVE_TOKENS,
 )
-from engine_decode import bench_decode_steps
+from engine_decode import bench_decode_steps, step_rows_ms
 from engine_grid import bench_throughput_grid
 from engine_llama_cpp import bench_llama_cpp
 from engine_prefix import bench_prefix
@@ -63,6 +63,9 @@ from engine_rss import bench_rss
 from engine_speculative import bench_speculative
 from engine_support import ensure_passive_openmp, goal, timed
 from engine_workloads import mixed_requests, shared_prefix_requests
+
+from llm_inference.engine.config import EngineConfig
+from llm_inference.engine.core import EngineCore
 
 
 def run(
@@ -92,6 +95,11 @@ def run(
     with timed(sections, "speculative"):
         speculative = bench_speculative(DEMO_CHAT, SPECULATIVE_TOKENS, 1 if quick else 3)
         speculative["random_model"] = bench_speculative(model_dir, SPECULATIVE_TOKENS, 1)
+        big_core = EngineCore.from_checkpoint(big_dir, EngineConfig(), BENCH_MODEL)
+        speculative["bench_model_step_ms_by_rows"] = step_rows_ms(
+            big_core, (1, 1 + SPECULATIVE_TOKENS)
+        )
+        del big_core
     with timed(sections, "shared_prefix"):
         requests = shared_prefix_requests(32, 1, vocab)
         prefix = asyncio.run(bench_prefix(model_dir, requests, rounds=1 if quick else 3))

@@ -53,6 +53,11 @@ def bench_decode_steps(
     }
 
 
+def step_rows_ms(core: EngineCore, rows: Sequence[int], context: int = 256) -> dict[str, float]:
+    """Decode step ms for each row count (rows of distinct sequences at one context)."""
+    return {str(n): _step_ms(core, context, n) for n in rows}
+
+
 def _step_ms(core: EngineCore, context: int, batch: int) -> float:
     manager = core.block_manager
     chunks = []

@@ -131,7 +131,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     spec = summary["speculative"]
     print(
         f"speculative ({spec['model']}): {spec['speedup']:.2f}x, acceptance "
-        f"{spec['acceptance']:.1%}, identical {spec['identical_greedy_output']}"
+        f"{spec['acceptance']:.1%}, identical {spec['identical_greedy_output']}, "
+        f"{spec['tokens_per_step_on']:.2f} tokens/step; step ms by rows {spec['step_ms_by_rows']}"
     )
     prefix = summary["shared_prefix"]
     for mode in ("burst", "sequential"):

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine_decode import step_rows_ms
+
 from llm_inference.engine.api import SamplingOptions
 from llm_inference.engine.config import EngineConfig
 from llm_inference.engine.core import EngineCore
@@ -108,4 +110,7 @@ def bench_speculative(model_dir: Path, draft_tokens: int, rounds: int) -> dict[s
         "drafted_tokens": drafted,
         "accepted_tokens": accepted,
         "tokens_per_step_on": tokens / best_spec.steps if best_spec.steps else 0.0,
+        # What a verification costs: a step of 1 row vs 1 + draft rows (context 256). The
+        # speedup is at most tokens_per_step_on / this ratio (when per-step overhead is nil).
+        "step_ms_by_rows": step_rows_ms(plain, (1, 1 + draft_tokens)),
     }
