@@ -3,12 +3,17 @@ the frozen held-out set (bench/data/semantic-cache/held_out.jsonl), QQP's non-du
 GPTCache's protocol, per-category precision/recall curves (cache_heldout.png) and the
 verifier's own cost.
 
-Decisions compared, all at the service's cosine threshold:
-  old_guard        the rule guard with the question margin (the service before issue 37)
+Decisions compared:
+  old_guard        the rule guard with the question margin at the service threshold (the
+                   service before issue 37)
   verifier_<mode>  the verifier at the mode's operating point (chosen on the tuning split,
-                   services/cache/training/calibrate_verifier.py) plus the rule checks kept
-                   next to it
+                   services/cache/training/calibrate_verifier.py): cosine >= threshold +
+                   the mode's margin (negative: below the threshold), the rule checks kept
+                   next to it and the verifier's probability
   cosine_only      the threshold alone
+GPTCache's paraphrase pairs: lines 0 and 2 mod 4 are the verifier's training and tuning
+data, so every GPTCache figure here is measured on the odd lines only (the caller passes
+them).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from llm_cache import guard
+from llm_cache.config import SemanticSettings
 from llm_cache.verifier import Verifier
 
 Vectors = npt.NDArray[np.float32]
@@ -39,6 +45,12 @@ GOALS = {
     "gptcache_protocol_precision": 0.97,
     "semantic_p50_ms_at_100k_added": 3.0,
 }
+VERIFY_TOP = SemanticSettings().verifier_candidates  # nearest candidates the service scores
+
+
+def proposal_floor(verifier: Verifier, threshold: float) -> float:
+    """The lowest cosine any mode proposes to the verifier."""
+    return threshold + min(0.0, *(verifier.point(m).similarity_margin for m in verifier.modes))
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +92,15 @@ def decide(
     threshold: float,
     margin: float,
 ) -> Decisions:
-    """Scores every pair; the verifier reads only pairs at or above the threshold (as in the
-    service), the others get probability 0."""
+    """Scores every pair; the verifier reads only pairs at or above the lowest proposal
+    floor (as in the service), the others get probability 0."""
     cosine = np.array([float(vectors[a] @ vectors[b]) for a, b in pairs])
     feats = [(guard.extract(b), guard.extract(a)) for a, b in pairs]
     needed = np.array([guard.required_similarity(q, s, threshold, margin) for q, s in feats])
     old = np.array([guard.check(q, s) is None for q, s in feats], bool) & (cosine >= needed)
     kept = np.array([guard.check_with_verifier(q, s) is None for q, s in feats], bool)
     prob = np.zeros(len(pairs))
-    todo = np.flatnonzero(cosine >= threshold)
+    todo = np.flatnonzero(cosine >= proposal_floor(verifier, threshold))
     if todo.size:
         prob[todo] = score_pairs(verifier, [pairs[int(i)] for i in todo])
     return Decisions(cosine, prob, old, kept)
@@ -124,8 +136,9 @@ def gptcache_protocol(
     threshold: float,
     mode: str,
 ) -> dict[str, float]:
-    """All sources stored; each query is served the first of its 8 nearest sources above the
-    threshold that the kept rules and the verifier accept (one verifier pass per query)."""
+    """All sources stored; as in the service, the nearest VERIFY_TOP sources at or above the
+    mode's floor are scored (one verifier pass per query) and the nearest the kept rules and
+    the verifier accept is served."""
     stored = np.stack([vectors[s] for s in sources])
     feats = [guard.extract(s) for s in sources]
     tokens = verifier.tokens(sources)
@@ -134,15 +147,16 @@ def gptcache_protocol(
     hits = correct = 0
     for i, query in enumerate(queries):
         sims = stored @ vectors[query]
-        order = [j for j in np.argsort(-sims)[:8] if sims[j] >= floor]
-        q_feats, q_tokens = guard.extract(query), verifier.tokens([query])[0]
-        order = [j for j in order if guard.check_with_verifier(q_feats, feats[j]) is None]
+        order = [j for j in np.argsort(-sims)[:VERIFY_TOP] if sims[j] >= floor]
         if not order:
             continue
+        q_feats, q_tokens = guard.extract(query), verifier.tokens([query])[0]
         probs = verifier.score([(tokens[j], q_tokens) for j in order])
         served = next(
-            (j for j, p in zip(order, probs, strict=True) if p >= point.probability), None
-        )
+            (j for j, p in zip(order, probs, strict=True)
+             if p >= point.probability and guard.check_with_verifier(q_feats, feats[j]) is None),
+            None,
+        )  # fmt: skip
         if served is not None:
             hits += 1
             correct += int(sources[served] == sources[i])

@@ -1,9 +1,10 @@
 """Picks the verifier's operating points on the tuning split (never the held-out set).
 
 For every tuning pair (stored a, query b): the encoder's cosine, the rule guard's verdicts
-and the verifier's probability. A hit needs cosine >= the service threshold (0.85) plus the
-mode's margin, the rule checks kept next to the verifier, and probability >= the mode's
-operating point. Per mode,
+and the verifier's probability (int8, as the service runs it). A hit needs cosine >= the
+service threshold (0.85) plus the mode's margin (negative: candidates are proposed below the
+threshold and the verifier decides), the rule checks kept next to the verifier, and
+probability >= the mode's operating point. Per mode,
 the operating point (a similarity margin over the threshold and a probability) is the one
 with the most hits whose false hits stay within the mode's limits on the generated
 near-misses and on QQP non-duplicates. Also reports which
@@ -33,6 +34,7 @@ from llm_cache.verifier import Verifier
 # mode -> (false-hit limit on generated near-misses, on QQP non-duplicates)
 LIMITS = {"balanced": (0.02, 0.015), "strict": (0.0, 0.005)}
 THRESHOLD = SemanticSettings().threshold
+MARGINS = np.round(np.arange(-0.25, 0.081, 0.01), 2)  # the proposal floor: 0.60 .. 0.93
 Mask = npt.NDArray[np.bool_]
 
 
@@ -62,7 +64,7 @@ def score(data: Path, model_dir: Path) -> Tuning:
     # The dtypes the service runs by default (CACHE_ENCODER_DTYPE=auto), so the operating
     # points hold for what it computes.
     encoder = Encoder(default_model_dir(), dtype=fast_dtype())
-    verifier = Verifier(model_dir, default_model_dir(), dtype=fast_dtype())
+    verifier = Verifier(model_dir, default_model_dir())  # int8: config.json "quantize"
     texts = sorted({t for r in rows for t in (r["a"], r["b"])})
     encoded = [encoder.encode(texts[i : i + 64]).vectors for i in range(0, len(texts), 64)]
     vectors = dict(zip(texts, np.concatenate(encoded), strict=True))
@@ -87,7 +89,7 @@ def rates(t: Tuning, hit: Mask) -> dict[str, float]:
 
 
 def pick(
-    t: Tuning, rules: Mask, limits: tuple[float, float], floor: tuple[float, float] = (0.0, 0.05)
+    t: Tuning, rules: Mask, limits: tuple[float, float], floor: tuple[float, float] = (-1.0, 0.05)
 ) -> tuple[float, float]:
     """The (similarity margin, probability), each at least `floor`'s, meeting both false-hit
     limits with the most hits (mean of the generated paraphrases' and QQP duplicates' hit
@@ -95,7 +97,7 @@ def pick(
     m = t.masks()
     gen, dup = m["generated_positives"], m["qqp_duplicates"]
     best: tuple[float, float, float] | None = None
-    for margin in np.arange(floor[0], 0.081, 0.01):
+    for margin in MARGINS[floor[0] <= MARGINS]:
         above = t.cosine >= THRESHOLD + margin
         for p in np.arange(floor[1], 1.0, 0.01):
             hit = above & rules & (t.prob >= p)
@@ -134,7 +136,7 @@ def calibrate(t: Tuning) -> tuple[dict[str, Any], dict[str, Any]]:
     modes: dict[str, Any] = {}
     for name, rules in variants.items():
         report["variants"][name] = {}
-        floor = (0.0, 0.05)
+        floor = (-1.0, 0.05)
         for mode, limits in LIMITS.items():  # balanced first: strict refuses all it refuses
             margin, p = floor = pick(t, rules(), limits, floor)
             hit = (t.cosine >= THRESHOLD + margin) & rules() & (t.prob >= p)
@@ -148,11 +150,13 @@ def calibrate(t: Tuning) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def main() -> None:
     data, model_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    config_path = model_dir / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["quantize"] = "int8"  # scored as the service will run it
+    config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     tuning = score(data, model_dir)
     np.savez(model_dir / "tuning-scores.npz", cosine=tuning.cosine, prob=tuning.prob)
     modes, report = calibrate(tuning)
-    config_path = model_dir / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
     config["modes"] = modes
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     (model_dir / "calibration.json").write_text(json.dumps(report, indent=1) + "\n")

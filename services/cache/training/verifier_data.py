@@ -1,9 +1,11 @@
-"""The verifier's training and tuning pairs: QQP (the benchmark's even lines) and generated
-paraphrase / near-miss pairs per category, from templates over verifier_vocab's slot values.
+"""The verifier's training and tuning pairs: QQP and GPTCache's paraphrase pairs (lines 0 and
+2 mod 4), generated paraphrase / near-miss pairs per category from templates over
+verifier_vocab's slot values, and everyday request families (verifier_everyday).
 
 Label 1: one answer serves both prompts; 0: it does not. Splits: `train` and `tune` share no
-slot value (verifier_vocab.split) and no QQP line; QQP's odd lines and the frozen held-out
-set are never read here.
+slot value (verifier_vocab.split) and no data-file line; the data files' odd lines are never
+read here (the benchmark measures them), and the frozen held-out set is read only by
+verifier_leak, which fails the build if a generated sentence repeats a held-out one.
 Usage: python services/cache/training/verifier_data.py OUT_DIR  (writes train/tune.jsonl)
 """
 
@@ -14,22 +16,20 @@ import json
 import random
 import sys
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
+import verifier_everyday
+import verifier_leak
 import verifier_vocab as v
+from verifier_types import Example
 
 ROOT = Path(__file__).resolve().parents[3]
-QQP = ROOT / "bench" / "data" / "semantic-cache" / "qqp_pairs_dev.jsonl"
+DATA = ROOT / "bench" / "data" / "semantic-cache"
+QQP = DATA / "qqp_pairs_dev.jsonl"
+GPTCACHE = DATA / "paraphrase_pairs.jsonl"
+HELD_OUT = DATA / "held_out.jsonl"
 SEED = 37
-
-
-@dataclass(frozen=True, slots=True)
-class Example:
-    a: str
-    b: str
-    label: int
-    category: str
 
 
 HOW = (
@@ -214,32 +214,59 @@ GENERATORS: tuple[Callable[[random.Random, str], Iterator[Example]], ...] = (
     negations,
     numbers,
     unrelated,
+    *verifier_everyday.GENERATORS,
 )
 
 
-def qqp(part: str) -> list[Example]:
+def _lines(path: Path, part: str) -> list[dict[str, object]]:
     """Lines 0, 4, 8, ... train; 2, 6, 10, ... tune; odd lines are never read."""
     offset = 0 if part == "train" else 2
-    with QQP.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
+    return [r for i, r in enumerate(rows) if i % 4 == offset]
+
+
+def qqp(part: str) -> list[Example]:
     return [
-        Example(r["a"], r["b"], int(bool(r["duplicate"])), "qqp")
-        for i, r in enumerate(rows)
-        if i % 4 == offset
+        Example(str(r["a"]), str(r["b"]), int(bool(r["duplicate"])), "qqp")
+        for r in _lines(QQP, part)
     ]
+
+
+def _words(text: str) -> set[str]:
+    return {w.strip(".,;:!?()'\"").lower() for w in text.split()} - {""}
+
+
+def gptcache(part: str) -> list[Example]:
+    """GPTCache's statement paraphrases (the benchmark scores only the odd lines), and per
+    pair the source against the paraphrase of the source sharing most words with it."""
+    rows = [(str(r["a"]), str(r["b"])) for r in _lines(GPTCACHE, part)]
+    words = [_words(a) for a, _ in rows]
+    out = [Example(a, b, 1, "gptcache") for a, b in rows]
+    for i, (a, _) in enumerate(rows):
+        overlap = [len(words[i] & w) / len(words[i] | w) if j != i else -1.0
+                   for j, w in enumerate(words)]  # fmt: skip
+        j = max(range(len(rows)), key=overlap.__getitem__)
+        if rows[j][0] != a:
+            out.append(Example(a, rows[j][1], 0, "gptcache_other"))
+    return out
 
 
 def build(part: str) -> list[Example]:
     rng = random.Random(f"{SEED}-{part}")
     generated = [e for gen in GENERATORS for e in gen(rng, part)]
-    return generated + qqp(part)
+    return generated + qqp(part) + gptcache(part)
 
 
 def main() -> None:
     out = Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
-    for part in ("train", "tune"):
-        examples = build(part)
+    built = {part: build(part) for part in ("train", "tune")}
+    generated = [t for part in built.values() for e in part if e.category != "qqp"
+                 for t in (e.a, e.b)]  # fmt: skip
+    leak = verifier_leak.check(generated, HELD_OUT)  # raises on a repeated held-out sentence
+    print("held-out check passed:", leak)
+    for part, examples in built.items():
         with (out / f"{part}.jsonl").open("w", encoding="utf-8") as f:
             f.writelines(json.dumps(asdict(e), ensure_ascii=False) + "\n" for e in examples)
         counts: dict[str, int] = {}

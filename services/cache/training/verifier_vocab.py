@@ -125,7 +125,8 @@ CONCEPTS = (
     "supply chain management", "a mutual fund", "the French Revolution", "general relativity",
     "a compiler", "Docker containers", "the Fibonacci sequence", "an index fund",
     "the placebo effect", "a credit default swap", "the Doppler effect", "natural selection",
-    "object-oriented design", "the blockchain", "a hash function", "the Monty Hall problem",
+    "object-oriented design", "the tragedy of the commons", "a hash function",
+    "the Monty Hall problem",
 )  # fmt: skip
 UNRELATED = HOWTO + tuple(f"explain {c}" for c in CONCEPTS)
 

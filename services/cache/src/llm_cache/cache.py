@@ -285,9 +285,10 @@ class ResponseCache:
     async def _lookup_semantic(self, key: RequestKey, threshold: float) -> LookupResult:
         assert self._engine is not None
         assert key.semantic_text is not None
+        floor, verify = self._search_floor(key.tenant, threshold)
         try:
             search = await self._engine.search(
-                key.namespace, key.semantic_text, self._semantic.candidates, threshold
+                key.namespace, key.semantic_text, self._semantic.candidates, floor, verify
             )
         except Exception:  # the encoder must never fail a request: degrade to a miss
             _log.exception("semantic search failed")
@@ -310,6 +311,18 @@ class ResponseCache:
         similarity = next(c.similarity for c in passing if c.entry_id == fetch.hit.entry_id)
         return LookupResult(Kind.SEMANTIC, similarity, fetch.hit)
 
+    def _search_floor(self, tenant: str, threshold: float) -> tuple[float, int]:
+        """The similarity the search starts at and how many candidates the verifier scores:
+        a verifier mode proposes from the threshold plus its margin (below the threshold
+        when the margin is negative: the verifier decides), the rule guard from the
+        threshold with nothing scored."""
+        mode = self._semantic.verifier_mode(tenant)
+        verifier = self._engine.verifier if self._engine is not None else None
+        if mode == "off" or verifier is None or not self._semantic.guard:
+            return threshold, 0
+        floor = threshold + verifier.point(mode).similarity_margin
+        return max(0.0, floor), self._semantic.verifier_candidates
+
     def _guarded(
         self,
         embedding: Embedding,
@@ -326,6 +339,8 @@ class ResponseCache:
         for candidate in candidates:
             if mode != "off" and candidate.verified is not None:
                 mismatch = self._verified(embedding, candidate, mode, threshold)
+            elif mode != "off" and self._engine is not None and self._engine.verifier is not None:
+                continue  # past the nearest few the verifier scores: never served
             else:
                 mismatch = self._rules(embedding, candidate, threshold)
             if mismatch is None:

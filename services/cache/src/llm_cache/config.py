@@ -136,6 +136,9 @@ class SemanticSettings:
     verifier: str = "off"
     verifier_dir: Path | None = None  # None: the model shipped in llm_cache/verifier_model
     verifier_tenants: tuple[tuple[str, str], ...] = ()  # per-tenant mode overrides
+    # With the verifier, only the nearest few candidates are scored: each costs one
+    # cross-encoder pass, and the best-scoring paraphrase is almost always among them.
+    verifier_candidates: int = 2
 
     def __post_init__(self) -> None:
         modes = [self.verifier, *(mode for _, mode in self.verifier_tenants)]
@@ -189,6 +192,13 @@ class SemanticSettings:
             verifier=env_str(environ, "CACHE_SEMANTIC_VERIFIER", d.verifier),
             verifier_dir=Path(verifier_dir) if verifier_dir else None,
             verifier_tenants=_tenant_modes(environ.get("CACHE_SEMANTIC_VERIFIER_TENANTS", "")),
+            verifier_candidates=env_int(
+                environ,
+                "CACHE_SEMANTIC_VERIFIER_CANDIDATES",
+                d.verifier_candidates,
+                min_value=1,
+                max_value=64,
+            ),
         )
 
     def verifier_mode(self, tenant: str) -> str:

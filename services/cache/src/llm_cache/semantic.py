@@ -58,6 +58,7 @@ class _Job:
     k: int
     min_similarity: float
     future: asyncio.Future[Search]
+    verify: int | None = None  # candidates the verifier scores (nearest first); None: all
 
 
 class SemanticEngine:
@@ -114,14 +115,15 @@ class SemanticEngine:
         return (await self._submit(text, None, 0, 1.0)).embedding
 
     async def search(
-        self, namespace: str, text: str, k: int, min_similarity: float
+        self, namespace: str, text: str, k: int, min_similarity: float, verify: int | None = None
     ) -> Search | None:
-        """Embed `text` and find up to k entries of `namespace` at or above `min_similarity`;
+        """Embed `text` and find up to k entries of `namespace` at or above `min_similarity`,
+        the nearest `verify` of them (None: all) scored by the verifier when there is one;
         None, without embedding anything, when the namespace is empty (a new conversation
         context, say): most of the cost of a semantic miss is the encoder."""
         if not self._index.has_namespace(namespace):  # a dict lookup: safe outside the worker
             return None
-        return await self._submit(text, namespace, k, min_similarity)
+        return await self._submit(text, namespace, k, min_similarity, verify)
 
     async def put(self, items: Sequence[IndexItem]) -> int:
         """Index entries (features are extracted in the worker); returns how many fit."""
@@ -137,11 +139,13 @@ class SemanticEngine:
     async def clear(self) -> None:
         await self._in_worker(self._index.clear)
 
-    async def _submit(self, text: str, namespace: str | None, k: int, threshold: float) -> Search:
+    async def _submit(
+        self, text: str, namespace: str | None, k: int, threshold: float, verify: int | None = None
+    ) -> Search:
         if self._task is None:
             raise RuntimeError("SemanticEngine.start() was not called")
         future: asyncio.Future[Search] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Job(text, namespace, k, threshold, future))
+        await self._queue.put(_Job(text, namespace, k, threshold, future, verify))
         return await future
 
     async def _in_worker(self, fn: Callable[..., T], *args: object) -> T:
@@ -173,34 +177,35 @@ class SemanticEngine:
 
     def _process(self, jobs: list[_Job]) -> list[Search]:
         embeddings = self._embed_all([job.text for job in jobs])
-        return self._verify([self._search_one(job, embeddings[job.text]) for job in jobs])
+        searches = [self._search_one(job, embeddings[job.text]) for job in jobs]
+        return self._verify(searches, [job.verify for job in jobs])
 
-    def _verify(self, searches: list[Search]) -> list[Search]:
-        """Scores every candidate of the batch in one verifier pass: only candidates at or
-        above the threshold reach it, so a miss costs nothing here."""
+    def _verify(self, searches: list[Search], verify: list[int | None]) -> list[Search]:
+        """Scores the nearest `verify` candidates of every search of the batch in one
+        verifier pass: only candidates at or above the search's floor reach it, so a miss
+        costs nothing here."""
         if self._verifier is None:
             return searches
+        chosen = [
+            [i for i, c in enumerate(s.candidates) if c.tokens and s.embedding.tokens][:n]
+            for s, n in zip(searches, verify, strict=True)
+        ]
         pairs = [
-            (c.tokens, s.embedding.tokens)
-            for s in searches
-            for c in s.candidates
-            if c.tokens and s.embedding.tokens
+            (s.candidates[i].tokens, s.embedding.tokens)
+            for s, rows in zip(searches, chosen, strict=True)
+            for i in rows
         ]
         if not pairs:
             return searches
         scores = iter(self._verifier.score_bytes(pairs).tolist())
-        return [
-            dataclasses.replace(
-                s,
-                candidates=tuple(
-                    dataclasses.replace(c, verified=next(scores))
-                    if c.tokens and s.embedding.tokens
-                    else c
-                    for c in s.candidates
-                ),
-            )
-            for s in searches
-        ]
+        out = []
+        for s, rows in zip(searches, chosen, strict=True):
+            scored = {i: next(scores) for i in rows}
+            out.append(dataclasses.replace(s, candidates=tuple(
+                dataclasses.replace(c, verified=scored[i]) if i in scored else c
+                for i, c in enumerate(s.candidates)
+            )))  # fmt: skip
+        return out
 
     def _search_one(self, job: _Job, embedding: Embedding) -> Search:
         if job.namespace is None or embedding.vector is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,9 @@ class VerifierSpec:
     side_tokens: int  # word pieces kept per prompt
     base_weights_sha256: str  # the encoder checkpoint whose embeddings the layers expect
     modes: dict[str, OperatingPoint]  # "balanced", "strict"
+    # "int8": Linear layers dynamically quantized at load (about 2.5x faster than float32 on
+    # CPU; the operating points were chosen with it); "none": the dtype the caller asks for.
+    quantize: str = "none"
 
     @classmethod
     def from_file(cls, path: Path) -> Self:
@@ -75,6 +79,7 @@ class VerifierSpec:
                     str(k): OperatingPoint(float(v["probability"]), float(v["similarity_margin"]))
                     for k, v in data["modes"].items()
                 },
+                quantize=str(data.get("quantize", "none")),
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise VerifierLoadError(f"unreadable verifier config {path}: {exc}") from exc
@@ -159,7 +164,10 @@ class Verifier:
     ) -> None:
         self.spec = VerifierSpec.from_file(model_dir / "config.json")
         self.tokenizer = PairTokenizer(encoder_dir, self.spec.side_tokens)
-        self._model = _load(model_dir, encoder_dir, self.spec).to(dtype).eval()
+        model = _load(model_dir, encoder_dir, self.spec).eval()
+        if self.spec.quantize == "int8":
+            model, dtype = _int8(model), torch.float32
+        self._model = model.to(dtype)
         self.dtype = dtype
 
     def point(self, mode: str) -> OperatingPoint:
@@ -189,6 +197,16 @@ class Verifier:
         with torch.inference_mode():
             logits = self._model(ids, types, mask).float()
         return torch.sigmoid(logits).numpy().astype(np.float32, copy=False)
+
+
+def _int8(model: PairClassifier) -> PairClassifier:
+    """Linear layers with int8 weights and dynamically quantized activations."""
+    with warnings.catch_warnings():  # torch's notice that this API moves to torchao
+        warnings.simplefilter("ignore")
+        quantized: PairClassifier = torch.ao.quantization.quantize_dynamic(  # type: ignore[no-untyped-call]
+            model, {nn.Linear}, dtype=torch.qint8
+        )
+    return quantized
 
 
 def _sha256(path: Path) -> str:

@@ -280,8 +280,8 @@ async def test_the_verifier_refuses_near_misses(
 async def test_each_tenant_gets_its_own_mode(make_settings, serve_cache, req) -> None:
     settings = make_settings(question_margin=0.25, verifier_tenants=(("tenant-a", "balanced"),))
     stored, query = (
-        "How can I learn to play the guitar quickly?",
-        "What is the quickest way to learn to play the guitar?",
+        "How do I learn to swim as an adult?",
+        "How can I learn to swim as an adult?",
     )
     async with serve_cache(settings) as served:
         for tenant in ("tenant-a", "tenant-b"):
@@ -291,7 +291,7 @@ async def test_each_tenant_gets_its_own_mode(make_settings, serve_cache, req) ->
             for t in ("tenant-a", "tenant-b")
         }
 
-    # About 0.95 similar: the verifier (tenant-a, balanced) serves it; the rule guard alone
+    # About 0.9 similar: the verifier (tenant-a, balanced) serves it; the rule guard alone
     # (tenant-b) wants 0.75 + the 0.25 question margin.
     assert found["tenant-a"].kind == pb.HIT_KIND_SEMANTIC
     assert found["tenant-b"].reason == "guard_similarity"

@@ -33,7 +33,8 @@ def probability(verifier: Verifier, stored: str, query: str) -> float:
 @pytest.mark.parametrize(
     ("stored", "query"),
     [
-        ("Is a horse faster than a zebra?", "Would you say a horse is faster than a zebra?"),
+        ("Write a haiku about the ocean.", "Could you write me a haiku about the ocean?"),
+        ("Give me a list of healthy breakfast ideas.", "What are some healthy breakfast ideas?"),
         (
             "How do I learn to swim as an adult?",
             "What's the best way to learn to swim as an adult?",
@@ -119,6 +120,11 @@ def test_modes_from_the_environment() -> None:
     assert semantic.verifier_mode("shop") == "balanced"
     assert semantic.verifier_mode("anyone") == "strict"
     assert semantic.verifier_needed
+    assert semantic.verifier_candidates == SemanticSettings().verifier_candidates
+    assert (
+        Settings.from_env({"CACHE_SEMANTIC_VERIFIER_CANDIDATES": "3"}).semantic.verifier_candidates
+        == 3
+    )
     assert SemanticSettings().verifier == "off"
     assert not SemanticSettings().verifier_needed
     assert SemanticSettings(verifier_tenants=(("acme", "balanced"),)).verifier_needed
@@ -130,6 +136,7 @@ def test_modes_from_the_environment() -> None:
         ({"CACHE_SEMANTIC_VERIFIER": "lenient"}, "CACHE_SEMANTIC_VERIFIER"),
         ({"CACHE_SEMANTIC_VERIFIER_TENANTS": "acme"}, "CACHE_SEMANTIC_VERIFIER_TENANTS"),
         ({"CACHE_SEMANTIC_VERIFIER_TENANTS": "acme=loose"}, "CACHE_SEMANTIC_VERIFIER_TENANTS"),
+        ({"CACHE_SEMANTIC_VERIFIER_CANDIDATES": "0"}, "CACHE_SEMANTIC_VERIFIER_CANDIDATES"),
     ],
 )
 def test_bad_modes_name_the_variable(environ: dict[str, str], variable: str) -> None:
@@ -185,10 +192,34 @@ async def test_without_a_verifier_candidates_are_unscored(encoder: Encoder) -> N
     assert search.embedding.tokens == b""
 
 
-def test_float32_and_bfloat16_agree(verifier: Verifier) -> None:
-    half = Verifier(default_verifier_dir(), default_model_dir(), dtype=torch.bfloat16)
+def test_int8_and_float32_agree(verifier: Verifier, tmp_path: Path) -> None:
+    assert verifier.spec.quantize == "int8"  # as shipped: the operating points assume it
+    shutil.copytree(default_verifier_dir(), tmp_path, dirs_exist_ok=True)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(config | {"quantize": "none"}))
+    full = Verifier(tmp_path, default_model_dir(), dtype=torch.float32)
     texts = ["Is tea healthier than coffee?", "Is coffee healthier than tea?", "Tea or coffee?"]
     tokens = verifier.tokens(texts)
     pairs = [(tokens[0], tokens[1]), (tokens[0], tokens[2]), (tokens[1], tokens[2])]
 
-    np.testing.assert_allclose(half.score(pairs), verifier.score(pairs), atol=0.05)
+    np.testing.assert_allclose(full.score(pairs), verifier.score(pairs), atol=0.1)
+
+
+async def test_the_engine_scores_only_the_nearest_few(
+    engine: SemanticEngine, verifier: Verifier
+) -> None:
+    stored = ["How do I repot an orchid?", "How should I repot an orchid?"]
+    for i, text in enumerate(stored):
+        vector = (await engine.embed(text)).vector
+        assert vector is not None
+        await engine.put([IndexItem("ns", f"e{i}", vector, text)])
+
+    search = await engine.search("ns", "How can I repot an orchid?", 8, 0.5, verify=1)
+    none = await engine.search("ns", "How can I repot an orchid?", 8, 0.5, verify=0)
+
+    assert search is not None
+    assert none is not None
+    assert len(search.candidates) == 2
+    assert search.candidates[0].verified is not None  # the nearest one only
+    assert search.candidates[1].verified is None
+    assert [c.verified for c in none.candidates] == [None, None]
