@@ -132,7 +132,7 @@ class SemanticSettings:
     # The learned verifier (verifier.py) decides on the candidates above the threshold:
     # "balanced" or "strict" (its operating points), or "off" (the rule guard alone). Off by
     # default: the shipped model keeps near-misses out but serves far fewer true paraphrases
-    # than the rule guard (docs/adr/0013), so it is a per-tenant, precision-first choice.
+    # than the rule guard (docs/adr/0013, 0020), so it is a per-tenant, precision-first choice.
     verifier: str = "off"
     verifier_dir: Path | None = None  # None: the model shipped in llm_cache/verifier_model
     verifier_tenants: tuple[tuple[str, str], ...] = ()  # per-tenant mode overrides
