@@ -15,7 +15,7 @@ import json
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +118,7 @@ def run(plan: Plan, model_dir: Path) -> dict[str, Any]:
         "parameters": plan.shape.parameter_count(),
         "dtype": "bfloat16",
         "device": plan.device,
-        "dry_run": plan is DRY,
+        "dry_run": plan.shape == DRY.shape,
         "workload": {"prompt_tokens": plan.prompt_len, "max_tokens": plan.max_tokens},
         "copy_bandwidth_gb_per_s": bandwidth.bytes_per_s / 1e9,
         "copy_buffer_bytes": bandwidth.buffer_bytes,
@@ -132,10 +132,18 @@ def run(plan: Plan, model_dir: Path) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--dry-run", action="store_true", help="tiny model on CPU, same code")
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        help="override the plan's device (--dry-run --device "
+        "cuda: the tiny model on the GPU, a seconds-long smoke test before the full run)",
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--model-dir", type=Path, help="where the random checkpoint is built")
     args = parser.parse_args(argv)
     plan = DRY if args.dry_run else FULL
+    if args.device:
+        plan = replace(plan, device=args.device)
     if plan.device == "cuda" and not torch.cuda.is_available():
         print(f"bench/gpu/run.sh: {NO_CUDA}", file=sys.stderr)
         return 2

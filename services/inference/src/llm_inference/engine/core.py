@@ -37,7 +37,13 @@ from .output import RequestState
 from .sampler import Sampler
 from .scheduler import ScheduledChunk, Scheduler
 from .sequence import Sequence
-from .speculative import SpeculativeConfig, SpeculativeStats, draft_for, verify
+from .speculative import (
+    SpeculativeConfig,
+    SpeculativeStats,
+    draft_for,
+    next_draft_limit,
+    verify,
+)
 from .validation import validate_request, validate_resume
 
 log = logging.getLogger(__name__)
@@ -101,6 +107,7 @@ class EngineCore:
         self.speculative = SpeculativeConfig(
             num_tokens=config.speculative_tokens,
             ngram_max=config.speculative_ngram_max,
+            ngram_min=config.speculative_ngram_min,
             max_batch=config.speculative_max_batch,
         )
         self.speculative_stats = SpeculativeStats()
@@ -268,6 +275,9 @@ class EngineCore:
             stats.steps += 1
             stats.drafted += k
             stats.accepted += verdict.accepted
+            seq.draft_limit = next_draft_limit(
+                seq.draft_limit, k, verdict.accepted, self.speculative.num_tokens
+            )
             state = self._states[seq.request_id]
             for token in verdict.tokens:
                 emitted.append(Emitted(seq.request_id, state.append(token, None, now)))

@@ -53,6 +53,9 @@ class Sequence:
     grammar: GrammarMatcher | None = None
     # Speculative decoding: tokens proposed to follow token_ids this step (never in token_ids).
     draft_ids: list[int] = field(default_factory=list)
+    # Its adaptive draft length (0 until the first verification): grows while drafts are
+    # accepted whole, shrinks to what was accepted, so rejected rows stop costing compute.
+    draft_limit: int = 0
     # Generated-token occurrences for the penalties, caught up lazily from token_ids (which
     # only grow), so every appender is covered and each token is counted once.
     _output_counts: Counter[int] = field(default_factory=Counter, init=False, repr=False)

@@ -4,7 +4,9 @@ No draft model: the last n tokens (n from ngram_max down to ngram_min) are looke
 the prompt and output; the tokens that followed the most recent match are the draft. The
 scheduler runs the last token plus the draft as one chunk (K/V written into the paged cache,
 logits at every position); the longest draft prefix that equals the model's greedy choices is
-accepted, plus the model's own next token. Rejected positions' K/V stay in slots past
+accepted, plus the model's own next token. Each sequence's draft length adapts
+(next_draft_limit): two longer after a fully accepted draft, cut to what was accepted plus
+one after a rejection, so text that is not being copied stops paying for long drafts. Rejected positions' K/V stay in slots past
 num_computed_tokens and are overwritten by the next step, so nothing is rolled back but the
 count. Output is the greedy output token for token: every emitted token is an argmax.
 
@@ -29,7 +31,7 @@ from .sequence import Sequence
 class SpeculativeConfig:
     """num_tokens 0 turns speculation off."""
 
-    num_tokens: int = 0  # draft length per step
+    num_tokens: int = 0  # longest draft per step (each sequence adapts below it)
     ngram_max: int = 3
     ngram_min: int = 1
     max_batch: int = 8  # draft only while at most this many sequences are decoding
@@ -102,6 +104,15 @@ def verify(draft: Seq[int], greedy: Seq[int]) -> Verdict:
     return verdict
 
 
+def next_draft_limit(limit: int, drafted: int, accepted: int, most: int) -> int:
+    """A sequence's draft length after a verification of `drafted` tokens (drafted under
+    `limit`, 0 = not yet set): two more when every one was accepted (the text is being
+    copied), else what was accepted plus one (at least 1)."""
+    if accepted == drafted:
+        return min(most, (limit or most) + 2)
+    return max(1, accepted + 1)
+
+
 def draft_for(seqs: Seq[Sequence], config: SpeculativeConfig, max_context: int) -> None:
     """Set each decoding sequence's draft_ids (cleared for those not drafting this step)."""
     decoding = [s for s in seqs if s.num_uncomputed_tokens == 1]
@@ -117,6 +128,6 @@ def draft_for(seqs: Seq[Sequence], config: SpeculativeConfig, max_context: int) 
         room = min(
             seq.max_completion_tokens - seq.num_completion_tokens - 1,
             max_context - seq.num_tokens - 1,
-            config.num_tokens,
+            seq.draft_limit or config.num_tokens,
         )
         seq.draft_ids = propose(seq.token_ids, room, config.ngram_max, config.ngram_min)

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import pytest
+
+from llm_common.config import ConfigError
 from llm_inference.engine.api import SamplingOptions
 from llm_inference.engine.block_manager import BlockManager
+from llm_inference.engine.config import EngineConfig
 from llm_inference.engine.scheduler import Scheduler
 from llm_inference.engine.sequence import Sequence
 from llm_inference.engine.speculative import (
     SpeculativeConfig,
     draft_for,
     eligible,
+    next_draft_limit,
     propose,
     verify,
 )
@@ -53,6 +58,22 @@ def test_only_history_free_greedy_requests_are_eligible() -> None:
         assert not eligible(options, has_grammar=False), change
 
 
+def test_draft_length_grows_while_copied_and_shrinks_to_what_was_accepted() -> None:
+    assert next_draft_limit(0, drafted=4, accepted=4, most=8) == 8  # unset: starts at most
+    assert next_draft_limit(3, drafted=3, accepted=3, most=8) == 5
+    assert next_draft_limit(7, drafted=2, accepted=2, most=8) == 8  # capped at most
+    assert next_draft_limit(8, drafted=8, accepted=2, most=8) == 3
+    assert next_draft_limit(5, drafted=5, accepted=0, most=8) == 1  # never below one
+
+
+def test_a_sequences_draft_limit_caps_its_next_draft() -> None:
+    config = SpeculativeConfig(num_tokens=4, max_batch=2)
+    seq = _decoding("a", [1, 2, 3, 1, 2, 3, 4, 5, 1, 2])
+    seq.draft_limit = 2
+    draft_for([seq], config, max_context=100)
+    assert seq.draft_ids == [3, 4]
+
+
 def _decoding(rid: str, tokens: list[int], max_tokens: int = 50) -> Sequence:
     options = SamplingOptions(temperature=0.0, max_tokens=max_tokens)
     seq = Sequence(rid, tokens, len(tokens) - 1, options, max_tokens)
@@ -89,3 +110,11 @@ def test_scheduler_runs_the_last_token_and_its_draft_as_one_chunk() -> None:
     assert chunk.token_ids() == [3, 1, 2, 3]
     assert chunk.samples
     assert len(seq.block_table) * 4 >= 9  # slots for every drafted position
+
+
+def test_engine_config_refuses_an_empty_ngram_range() -> None:
+    with pytest.raises(ConfigError, match="speculative_ngram_min"):
+        EngineConfig(speculative_ngram_min=4, speculative_ngram_max=3)
+    with pytest.raises(ConfigError, match="speculative_ngram_min"):
+        EngineConfig(speculative_ngram_min=0)
+    assert EngineConfig().speculative_ngram_min == 1
