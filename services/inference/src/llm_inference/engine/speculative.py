@@ -6,9 +6,10 @@ scheduler runs the last token plus the draft as one chunk (K/V written into the 
 logits at every position); the longest draft prefix that equals the model's greedy choices is
 accepted, plus the model's own next token. Each sequence's draft length adapts
 (next_draft_limit): two longer after a fully accepted draft, cut to what was accepted plus
-one after a rejection, so text that is not being copied stops paying for long drafts. Rejected positions' K/V stay in slots past
-num_computed_tokens and are overwritten by the next step, so nothing is rolled back but the
-count. Output is the greedy output token for token: every emitted token is an argmax.
+one after a rejection, so text that is not being copied stops paying for long drafts.
+Rejected positions' K/V stay in slots past num_computed_tokens and are overwritten by the
+next step, so nothing is rolled back but the count. Output is the greedy output token for
+token: every emitted token is an argmax.
 
 Only greedy rows whose logits need no history-dependent processing are drafted for (no
 penalties, bias, min_tokens, logprobs or output format), and only while the decode batch is
