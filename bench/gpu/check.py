@@ -26,12 +26,20 @@ class Case:
 
 
 def check_against_transformers(
-    model_dir: Path, device: str, cases: Sequence[Case]
-) -> dict[str, Any]:
+    model_dir: Path, device: str, case_sets: Sequence[Sequence[Case]]
+) -> list[dict[str, Any]]:
+    """One report per set of cases (the model is loaded once)."""
     from transformers import LlamaForCausalLM
 
     model: Any = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
     model = model.to(device).eval()
+    try:
+        return [_check(model, device, cases) for cases in case_sets]
+    finally:
+        del model
+
+
+def _check(model: Any, device: str, cases: Sequence[Case]) -> dict[str, Any]:
     gaps: list[float] = []
     exact = 0
     first_divergence: list[int | None] = []
@@ -41,7 +49,6 @@ def check_against_transformers(
             reference = _hf_greedy(model, case, device)
             exact += reference == case.engine_tokens
             first_divergence.append(_first_difference(reference, case.engine_tokens))
-    del model
     agreement = sum(g == 0.0 for g in gaps) / len(gaps)
     worst = max(gaps)
     return {

@@ -53,10 +53,12 @@ FULL = Plan(LLAMA_1B, "cuda", 128, 128, (1, 16, 64), 4, 64, 4 << 30, 1 << 30, "g
 DRY = Plan(TINY, "cpu", 32, 8, (1, 16, 64), 2, 8, 64 << 20, 32 << 20, "gpu-dry-run.json")
 
 
-async def measure_engine(plan: Plan, model_dir: Path) -> tuple[dict[int, BatchRun], list[Case]]:
-    """Throughput at each batch size (after a short warm-up at that size), then the
-    correctness cases, all on one engine."""
-    config = engine_config(plan.device, plan.kv_cache_bytes, max(plan.batches))
+async def measure_engine(
+    plan: Plan, model_dir: Path, cuda_graphs: bool
+) -> tuple[dict[int, BatchRun], list[Case]]:
+    """Throughput at each batch size (after a short warm-up at that size, which also captures
+    that size's graphs), then the correctness cases, all on one engine."""
+    config = engine_config(plan.device, plan.kv_cache_bytes, max(plan.batches), cuda_graphs)
     engine = await start_engine(model_dir, config)
     vocab = plan.shape.vocab_size
     try:
@@ -108,10 +110,13 @@ def run(plan: Plan, model_dir: Path) -> dict[str, Any]:
     began = time.perf_counter()
     bandwidth = copy_bandwidth(plan.device, plan.copy_buffer_bytes)
     build_checkpoint(plan.shape, model_dir, plan.device)
-    runs, cases = asyncio.run(measure_engine(plan, model_dir))
+    runs, cases = asyncio.run(measure_engine(plan, model_dir, cuda_graphs=False))
+    graph_runs, graph_cases = asyncio.run(measure_engine(plan, model_dir, cuda_graphs=True))
     if plan.device == "cuda":
         torch.cuda.empty_cache()
-    check = check_against_transformers(model_dir, plan.device, cases)
+    check, graph_check = check_against_transformers(model_dir, plan.device, [cases, graph_cases])
+    check["cuda_graphs"] = graph_check
+    check["passed"] = check["passed"] and graph_check["passed"]
     return {
         "benchmark": "engine on GPU: bf16 correctness, throughput, decode roofline",
         "model": plan.shape.name,
@@ -123,6 +128,9 @@ def run(plan: Plan, model_dir: Path) -> dict[str, Any]:
         "copy_bandwidth_gb_per_s": bandwidth.bytes_per_s / 1e9,
         "copy_buffer_bytes": bandwidth.buffer_bytes,
         "throughput": throughput_report(plan, runs, bandwidth),
+        # The same with decode-only steps as CUDA graphs (engine cuda_graphs; on CPU, with
+        # --dry-run, the same fixed shapes run eagerly).
+        "throughput_cuda_graphs": throughput_report(plan, graph_runs, bandwidth),
         "correctness": check,
         "seconds": time.perf_counter() - began,
         "machine": machine(plan.device),
@@ -159,19 +167,26 @@ def main(argv: list[str] | None = None) -> int:
 def print_summary(summary: dict[str, Any], path: Path) -> None:
     print(f"{summary['model']} on {summary['device']}: copy bandwidth "
           f"{summary['copy_bandwidth_gb_per_s']:.1f} GB/s")  # fmt: skip
-    for name, row in summary["throughput"].items():
-        decode = row["decode"]
-        print(
-            f"  {name:>9}: {row['output_tokens_per_s']:9.1f} tok/s, decode step "
-            f"{decode['measured_step_ms']:.2f} ms vs roofline {decode['roofline_step_ms']:.3f} ms "
-            f"({decode['efficiency']:.1%})"
-        )
+    for section in ("throughput", "throughput_cuda_graphs"):
+        print(f"  {section}:")
+        for name, row in summary[section].items():
+            decode = row["decode"]
+            print(
+                f"  {name:>9}: {row['output_tokens_per_s']:9.1f} tok/s, decode step "
+                f"{decode['measured_step_ms']:.2f} ms vs roofline "
+                f"{decode['roofline_step_ms']:.3f} ms ({decode['efficiency']:.1%})"
+            )
     check = summary["correctness"]
     print(
         "  correctness vs transformers: top-1 agreement "
         f"{check['teacher_forced_top1_agreement']:.3f}, "
         f"max gap {check['max_logit_gap']:.3f}, exact {check['exact_sequence_matches']}/"
         f"{check['cases']} -> {'passed' if check['passed'] else 'FAILED'}"
+    )
+    graphs = check["cuda_graphs"]
+    print(
+        "  with cuda_graphs: top-1 agreement "
+        f"{graphs['teacher_forced_top1_agreement']:.3f}, max gap {graphs['max_logit_gap']:.3f}"
     )
     print(f"wrote {path}")
 

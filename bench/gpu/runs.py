@@ -63,8 +63,11 @@ def random_requests(
     ]
 
 
-def engine_config(device: Device, kv_bytes: int, max_seqs: int) -> EngineConfig:
+def engine_config(
+    device: Device, kv_bytes: int, max_seqs: int, cuda_graphs: bool = False
+) -> EngineConfig:
     return EngineConfig(
+        cuda_graphs=cuda_graphs,
         dtype="bfloat16",
         device=device,
         kv_cache_memory_bytes=kv_bytes,

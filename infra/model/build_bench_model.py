@@ -15,10 +15,7 @@ import hashlib
 import importlib.util
 import json
 import logging
-import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -67,16 +64,6 @@ def build_info(seed: int) -> dict[str, Any]:
     return {"version": BENCH_BUILD_VERSION, "seed": seed, "inputs_sha256": h.hexdigest()}
 
 
-def is_complete(out_dir: Path, info: dict[str, Any]) -> bool:
-    if not all((out_dir / name).is_file() for name in demo_builder().OUTPUT_FILES):
-        return False
-    try:
-        found = json.loads((out_dir / "build_info.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(found, dict) and all(found.get(k) == v for k, v in info.items())
-
-
 def write_checkpoint(out_dir: Path, seed: int) -> dict[str, Any]:
     """Every file except build_info.json; the tokenizer is the demo model's (same corpus)."""
     demo = demo_builder()
@@ -98,25 +85,12 @@ def write_checkpoint(out_dir: Path, seed: int) -> dict[str, Any]:
 
 def build(out_dir: Path, seed: int = 0, force: bool = False) -> Path:
     """Build into out_dir unless it already holds this exact build (atomic rename)."""
-    out_dir = Path(out_dir)
-    info = build_info(seed)
-    if not force and is_complete(out_dir, info):
-        log.info("up to date: %s (seed %d)", out_dir, seed)
-        return out_dir
     demo = demo_builder()
-    demo.check_replaceable(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
-        start = time.perf_counter()
-        summary = write_checkpoint(tmp, seed)
-        demo.write_json(tmp / "build_info.json", info)  # written last: marks the build complete
-        demo.make_readable(tmp)
-        demo.replace_dir(tmp, out_dir)
-        log.info("built %s in %.1f s: %s", out_dir, time.perf_counter() - start, summary)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+    return Path(
+        demo.build_atomically(
+            Path(out_dir), build_info(seed), force, lambda tmp: write_checkpoint(tmp, seed)
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -408,10 +408,21 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 def build(out_dir: Path, seed: int = 0, force: bool = False) -> Path:
     """Build the checkpoint into out_dir unless it already holds this exact build."""
-    out_dir = Path(out_dir)
-    info = build_info(seed)
+    return build_atomically(
+        Path(out_dir),
+        build_info(seed),
+        force,
+        lambda tmp: write_checkpoint(tmp, seed, ModelConfig()),
+    )
+
+
+def build_atomically(
+    out_dir: Path, info: dict[str, Any], force: bool, write: Callable[[Path], dict[str, Any]]
+) -> Path:
+    """Run `write` into a fresh directory beside out_dir and rename it into place, unless
+    out_dir already holds the build `info` describes (shared with build_bench_model)."""
     if not force and is_complete(out_dir, info):
-        log.info("up to date: %s (seed %d)", out_dir, seed)
+        log.info("up to date: %s (seed %s)", out_dir, info.get("seed"))
         return out_dir
     check_replaceable(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -419,7 +430,7 @@ def build(out_dir: Path, seed: int = 0, force: bool = False) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         start = time.perf_counter()
-        summary = write_checkpoint(tmp, seed, ModelConfig())
+        summary = write(tmp)
         write_json(tmp / "build_info.json", info)  # written last: marks the build complete
         make_readable(tmp)
         replace_dir(tmp, out_dir)

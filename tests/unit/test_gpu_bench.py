@@ -38,8 +38,12 @@ def test_dry_run_measures_and_checks_the_tiny_model(tmp_path: Path) -> None:
     assert check["tokens_checked"] == check["cases"] * 8
     assert check["teacher_forced_top1_agreement"] >= check["criteria"]["min_top1_agreement"]
     assert summary["copy_bandwidth_gb_per_s"] > 0
+    assert check["cuda_graphs"]["passed"]
+    assert check["cuda_graphs"]["tokens_checked"] == check["tokens_checked"]
     assert set(summary["throughput"]) == {"batch=1", "batch=16", "batch=64"}
-    for name, row in summary["throughput"].items():
+    assert set(summary["throughput_cuda_graphs"]) == set(summary["throughput"])
+    rows = [*summary["throughput"].items(), *summary["throughput_cuda_graphs"].items()]
+    for name, row in rows:
         batch = int(name.split("=")[1])
         assert row["output_tokens"] == batch * summary["workload"]["max_tokens"]
         decode = row["decode"]

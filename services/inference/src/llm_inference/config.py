@@ -57,6 +57,8 @@ class EngineSettings:
     # torch engine: prompt-lookup draft tokens per step, 0 = off (greedy requests only;
     # sampling.disable_speculation opts a request out).
     speculative_tokens: int = 0
+    # torch engine on CUDA: decode-only steps replayed as CUDA graphs (engine/decode_graphs.py).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         _one_of("INFERENCE_BACKEND", self.backend, BACKENDS)
@@ -91,6 +93,7 @@ class EngineSettings:
             speculative_tokens=env_int(
                 environ, "INFERENCE_SPECULATIVE_TOKENS", defaults.speculative_tokens, min_value=0
             ),
+            cuda_graphs=env_bool(environ, "INFERENCE_CUDA_GRAPHS", defaults.cuda_graphs),
             **ints,
         )
 

@@ -23,42 +23,44 @@ class SpeculativeCollector(Collector):
         return list(self.collect())
 
     def collect(self) -> Iterable[Metric]:
-        stats, model = self._stats(), self._model
-        counters: tuple[tuple[str, str, float], ...] = (
-            ("llm_inference_spec_decode_draft_tokens", "Draft tokens proposed.", stats.drafted),
+        stats = self._stats()
+        counter, gauge = CounterMetricFamily, GaugeMetricFamily
+        series: tuple[
+            tuple[type[CounterMetricFamily | GaugeMetricFamily], str, str, float], ...
+        ] = (
+            (counter, "draft_tokens", "Draft tokens proposed.", stats.drafted),
             (
-                "llm_inference_spec_decode_accepted_tokens",
+                counter,
+                "accepted_tokens",
                 "Draft tokens equal to the model's own choice (kept).",
                 stats.accepted,
             ),
             (
-                "llm_inference_spec_decode_verifications",
+                counter,
+                "verifications",
                 "Drafted sequence-steps verified (one forward position set each).",
                 stats.steps,
             ),
             (
-                "llm_inference_spec_decode_emitted_tokens",
+                counter,
+                "emitted_tokens",
                 "Tokens emitted by verifications (accepted drafts + one per verification).",
                 stats.emitted,
             ),
-        )
-        for name, help_text, value in counters:
-            family = CounterMetricFamily(name, help_text, labels=["model_name"])
-            family.add_metric([model], value)
-            yield family
-        gauges: tuple[tuple[str, str, float], ...] = (
             (
-                "llm_inference_spec_decode_acceptance_rate",
+                gauge,
+                "acceptance_rate",
                 "Accepted / drafted tokens since start (0-1).",
                 stats.acceptance,
             ),
             (
-                "llm_inference_spec_decode_tokens_per_verification",
+                gauge,
+                "tokens_per_verification",
                 "Tokens per verification since start; 1.0 means no gain (the speedup bound).",
                 stats.tokens_per_step,
             ),
         )
-        for name, help_text, value in gauges:
-            gauge = GaugeMetricFamily(name, help_text, labels=["model_name"])
-            gauge.add_metric([model], value)
-            yield gauge
+        for kind, name, help_text, value in series:
+            family = kind(f"llm_inference_spec_decode_{name}", help_text, labels=["model_name"])
+            family.add_metric([self._model], value)
+            yield family

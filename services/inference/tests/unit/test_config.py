@@ -61,6 +61,8 @@ def test_every_variable_is_read() -> None:
         "INFERENCE_PIPELINE_PARALLEL_SIZE": "2",
         "INFERENCE_SEED": "7",
         "INFERENCE_CONSTRAINED_DECODING": "false",
+        "INFERENCE_SPECULATIVE_TOKENS": "3",
+        "INFERENCE_CUDA_GRAPHS": "on",
         "INFERENCE_MAX_STOP_STRINGS": "4",
         "INFERENCE_MAX_EMBED_INPUTS": "8",
         "INFERENCE_EMBED_BATCH_SIZE": "4",
@@ -87,6 +89,8 @@ def test_every_variable_is_read() -> None:
         pipeline_parallel_size=2,
         seed=7,
         constrained_decoding=False,
+        speculative_tokens=3,
+        cuda_graphs=True,
     )
     assert settings.limits.max_stop_strings == 4
     assert settings.limits.max_embed_inputs == 8

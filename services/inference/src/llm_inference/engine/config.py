@@ -44,6 +44,10 @@ class EngineConfig:
     # Decode attention: paged = in place over the block tables (CPU float32 kernel), gather =
     # copy each row's blocks into a contiguous buffer first (CUDA, other dtypes); auto picks.
     attention_backend: AttentionBackend = "auto"
+    # Decode-only steps at bucketed fixed shapes (decode_graphs.py): captured and replayed as
+    # CUDA graphs on CUDA; on CPU the same path runs eagerly (slower: for tests only). Off
+    # until measured on a GPU (bench/gpu/run.sh runs both).
+    cuda_graphs: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("dtype", self.dtype, DTYPES)

@@ -30,7 +30,7 @@ from .grammar import CompiledFormat, GrammarCache, check_options
 from .grammar_mask import GrammarMasker, GrammarStats, new_matcher
 from .kv_cache import num_blocks_for_budget
 from .loader import load_model
-from .model_runner import ModelRunner
+from .model_runner import GraphLimits, ModelRunner
 from .models.config import CheckpointError, ModelConfig
 from .models.llama import LlamaModel
 from .output import RequestState
@@ -91,7 +91,14 @@ class EngineCore:
         self.scheduler = Scheduler(
             self.block_manager, config.max_num_seqs, config.max_batched_tokens
         )
-        self.runner = ModelRunner(model, num_blocks, config.kv_block_size, config.attention_backend)
+        graphs = (
+            GraphLimits(config.max_num_seqs, -(-self.max_context // config.kv_block_size))
+            if config.cuda_graphs
+            else None
+        )
+        self.runner = ModelRunner(
+            model, num_blocks, config.kv_block_size, config.attention_backend, graphs
+        )
         default_generator = torch.Generator(device=self.runner.device)
         default_generator.manual_seed(config.seed)
         self.sampler = Sampler(default_generator)

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from .attention import AttentionMetadata, DecodeGroup, PagedDecode, PrefillSpan
+from .decode_graphs import DecodeGraphs
 from .kv_cache import allocate_kv_cache
 from .models.llama import LlamaModel
 from .paged_kernel import PagedDecodeFn, load_kernel
@@ -32,11 +33,24 @@ class StepOutput:
     sampled: tuple[ScheduledChunk, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class GraphLimits:
+    """Decode graphs on: the largest batch and block table (blocks per sequence) they cover."""
+
+    max_batch: int
+    max_blocks: int
+
+
 class ModelRunner:
     """Owns the model and its KV cache; executes one step at a time."""
 
     def __init__(
-        self, model: LlamaModel, num_blocks: int, block_size: int, attention: str = "gather"
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        attention: str = "gather",
+        graphs: GraphLimits | None = None,
     ) -> None:
         self.model = model
         self.block_size = block_size
@@ -46,12 +60,23 @@ class ModelRunner:
         self.attention_backend = "paged" if self.paged_kernel is not None else "gather"
         self._auto = attention == "auto"
         config = model.config
-        self.kv_caches = allocate_kv_cache(config, num_blocks, block_size, model.dtype, self.device)
+        # With decode graphs one more block, never handed out, takes the padding rows' K/V.
+        allocated = num_blocks + (graphs is not None)
+        self.kv_caches = allocate_kv_cache(config, allocated, block_size, model.dtype, self.device)
         self._kv_heads = np.arange(config.num_kv_heads, dtype=np.int64)
         self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.graphs = (
+            DecodeGraphs(
+                model, self.kv_caches, block_size, num_blocks, graphs.max_batch, graphs.max_blocks
+            )
+            if graphs is not None
+            else None
+        )
 
     @torch.inference_mode()
     def execute(self, chunks: Seq[ScheduledChunk]) -> StepOutput:
+        if self.graphs is not None and self.graphs.accepts(chunks):
+            return self._logits(self.graphs.run(chunks), chunks)
         singles = sorted(
             (c for c in chunks if c.num_tokens == 1), key=lambda c: c.start, reverse=True
         )
@@ -78,6 +103,10 @@ class ModelRunner:
             paged=paged,
         )
         hidden = self.model(self._tensor(input_ids), self._tensor(positions), self.kv_caches, meta)
+        return self._logits(hidden, ordered)
+
+    def _logits(self, hidden: torch.Tensor, ordered: Seq[ScheduledChunk]) -> StepOutput:
+        """Logits of the sampling rows of `hidden` (laid out as `ordered`'s tokens)."""
         rows: list[int] = []
         sampled: list[ScheduledChunk] = []
         offset = 0
