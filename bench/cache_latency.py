@@ -94,13 +94,18 @@ async def fill(url: str, start: int, stop: int, dim: int, seed: int) -> None:
         await client.aclose()
 
 
-async def store_read_cost(url: str, size: int) -> dict[str, Any]:
+async def store_read_cost(url: str, size: int, fillers: int) -> dict[str, Any]:
     """The exact read alone, in this process: the store's path (GET_EXACT on RedisMux, under
     the breaker and its timeout) vs the same script through redis-py's pool (what the store
-    used before). CPU per call is this process's time; Redis's own time is not in it."""
+    used before). CPU per call is this process's time; Redis's own time is not in it.
+    Reads the first filler entries (up to 200; at small sizes there are fewer)."""
+    if fillers <= 0:
+        return {"entries": size, "skipped": "no filler entries at this size"}
     store, client = bench_store(url)
     script = client.register_script(scripts.GET_EXACT)
-    ids = [request_key(chat_key(f"filler entry number {i}")).entry_id for i in range(200)]
+    count = min(200, fillers)
+    ids = [request_key(chat_key(f"filler entry number {i}")).entry_id for i in range(count)]
+    repeats = max(10, 2000 // count)  # about 2,000 timed reads whatever the size
     keys, now = store.keys(TENANT), int(time.time() * 1000)
 
     async def redis_py(entry_id: str) -> Any:
@@ -115,7 +120,7 @@ async def store_read_cost(url: str, size: int) -> dict[str, Any]:
             for entry_id in ids:  # warm-up: connections, scripts
                 assert await read(entry_id)
             cpu, times = time.process_time(), []
-            for entry_id in ids * 10:
+            for entry_id in ids * repeats:
                 started = time.perf_counter()
                 await read(entry_id)
                 times.append((time.perf_counter() - started) * 1000)
@@ -372,7 +377,7 @@ def latency(
         if n == len(sizes) - 1:  # the same lookups with the verifier (balanced), same run
             row["verifier_balanced"] = verified_lookups(url, threads, paraphrases, queries, size)
         row |= search_latency(encoder.dim, size, threads, encoder)
-        row["store_read"] = asyncio.run(store_read_cost(url, size))
+        row["store_read"] = asyncio.run(store_read_cost(url, size, filled))
         results.append(row)
         print(f"  {size} entries: exact p50 {row['exact_hit']['p50_ms']} ms, semantic p50 "
               f"{row['semantic_paraphrase']['p50_ms']} / {row['semantic_question']['p50_ms']} ms "
