@@ -7,13 +7,22 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from llm_cache.config import FeedSettings, Limits, Policy, RedisSettings, SemanticSettings, Settings
+from llm_cache.config import (
+    EncryptionSettings,
+    FeedSettings,
+    Limits,
+    Policy,
+    RedisSettings,
+    SemanticSettings,
+    Settings,
+)
 from llm_cache.encoder import Encoder
 from llm_cache.metrics import CacheMetrics
 from llm_cache.server import CacheApp, build_spec, load_encoder
@@ -151,3 +160,17 @@ class Requests:
 @pytest.fixture
 def req() -> Requests:
     return Requests()
+
+
+def key_file(tmp_path: Path, *lines: str) -> Path:
+    """A master key file (0600) holding `lines` (from envelope.new_key_line)."""
+    path = tmp_path / "cache-master.keys"
+    path.write_text("".join(f"{line}\n" for line in lines))
+    path.chmod(0o600)
+    return path
+
+
+def with_key(settings: Settings, path: Path, **held: float) -> Settings:
+    """`settings` encrypting with the master key file at `path` (held: DEK cache options)."""
+    encryption = EncryptionSettings(master_key_file=path, **held)  # type: ignore[arg-type]
+    return replace(settings, encryption=encryption)

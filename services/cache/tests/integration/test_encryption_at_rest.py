@@ -6,7 +6,6 @@ rotate while entries keep being served."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import os
 import sys
@@ -20,12 +19,12 @@ import redis.asyncio
 
 from llm_cache import keyadmin
 from llm_cache.canonical import request_key, tenant_tag
-from llm_cache.config import EncryptionSettings, Settings
+from llm_cache.config import Settings
 from llm_cache.datakeys import DataKeys
 from llm_cache.envelope import DEK_ID_BYTES, KeyRing, new_key_line, read_key_file
 from llmapi.cache.v1 import cache_service_pb2 as pb
 
-from ..conftest import Requests, ServeCache
+from ..conftest import Requests, ServeCache, key_file, with_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
@@ -36,18 +35,6 @@ PROMPTS = [
 ANSWERS = ["The Blorptide river runs through it.", "Quokkafish swim north in Octember."]
 # Fragments a leak would show (short enough to catch partial copies).
 SECRETS = ["Zanzibarville", "Quokkafish", "Blorptide", "Octember", "migration pattern"]
-
-
-def key_file(tmp_path: Path, *lines: str) -> Path:
-    path = tmp_path / "cache-master.keys"
-    path.write_text("".join(f"{line}\n" for line in lines))
-    path.chmod(0o600)
-    return path
-
-
-def with_key(settings: Settings, path: Path, **held: float) -> Settings:
-    encryption = EncryptionSettings(master_key_file=path, **held)  # type: ignore[arg-type]
-    return dataclasses.replace(settings, encryption=encryption)
 
 
 async def raw_dump(client: Any, prefix: str) -> list[tuple[str, bytes]]:

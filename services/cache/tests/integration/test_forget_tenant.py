@@ -5,7 +5,6 @@ from before the erasure (docs/adr/0017)."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -17,29 +16,18 @@ import pytest
 import redis.asyncio
 
 from llm_cache.canonical import tenant_tag
-from llm_cache.config import EncryptionSettings, Settings
+from llm_cache.config import Settings
 from llm_cache.envelope import new_key_line
 from llm_common.audit import AUDIT_LOGGER
 from llm_common.errors import parse_error
 from llmapi.cache.v1 import cache_service_pb2 as pb
 
-from ..conftest import Requests, ServeCache
+from ..conftest import Requests, ServeCache, key_file, with_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.security]
 
 GONE, KEPT = "tenant-gone", "tenant-kept"
 PROMPTS = ["What is the capital of France?", "How tall is the Eiffel tower?"]
-
-
-def key_file(tmp_path: Path, *lines: str) -> Path:
-    path = tmp_path / "cache-master.keys"
-    path.write_text("".join(f"{line}\n" for line in lines))
-    path.chmod(0o600)
-    return path
-
-
-def with_key(settings: Settings, path: Path) -> Settings:
-    return dataclasses.replace(settings, encryption=EncryptionSettings(master_key_file=path))
 
 
 async def fill(stub: Any, req: Requests, tenant: str) -> None:
