@@ -15,6 +15,7 @@ from llm_inference.engine.api import SamplingOptions
 from llm_inference.engine.config import EngineConfig
 from llm_inference.engine.core import EngineCore
 from llm_inference.engine.loader import load_model
+from llm_inference.engine.sequence import Sequence as EngineSeq
 
 VOCAB = 384
 # initializer_range 0.2 keeps random logits spread out, so greedy decoding is not degenerate.
@@ -167,6 +168,31 @@ class Kit:
                 pad_token_id=0,
             )
         return [int(t) for t in out[0, len(prompt) :]]
+
+    @staticmethod
+    def decode_logits(
+        core: EngineCore, prompts: Sequence[Sequence[int]], steps: int, token: int
+    ) -> list[torch.Tensor]:
+        """Prefill, then `steps` teacher-forced decode steps feeding `token`: every step's
+        logits through the model runner alone, rows ordered by request id."""
+        for i, prompt in enumerate(prompts):
+            seq = EngineSeq(
+                f"s{i}", list(prompt), len(prompt), SamplingOptions(), 100, arrival_index=i
+            )
+            core.scheduler.add(seq)
+        logits = []
+        for _ in range(steps + 1):
+            output = core.scheduler.schedule()
+            result = core.runner.execute(output.chunks)
+            for chunk in output.chunks:
+                chunk.seq.num_computed_tokens = chunk.end
+                core.block_manager.cache_full_blocks(chunk.seq)
+            sampled = result.sampled
+            order = sorted(range(len(sampled)), key=lambda i: sampled[i].seq.request_id)
+            logits.append(result.logits[order].clone())
+            for chunk in sampled:
+                chunk.seq.token_ids.append(token)
+        return logits
 
     @staticmethod
     def random_prompts(seed: int, lengths: Sequence[int], vocab: int = VOCAB) -> list[list[int]]:

@@ -12,7 +12,6 @@ import torch
 
 from llm_inference.engine.api import SamplingOptions
 from llm_inference.engine.decode_graphs import batch_bucket, block_bucket
-from llm_inference.engine.sequence import Sequence
 
 LAYOUTS = ["llama-gqa-untied", "llama-mha-tied", "qwen2-gqa-bias", "llama3-rope"]
 
@@ -26,25 +25,6 @@ def test_buckets() -> None:
     ]  # fmt: skip
 
 
-def _step_logits(core: Any, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
-    """Prefill, then `steps` teacher-forced decode steps (token 5); each step's logits by id."""
-    for i, prompt in enumerate(prompts):
-        seq = Sequence(f"s{i}", list(prompt), len(prompt), SamplingOptions(), 100, arrival_index=i)
-        core.scheduler.add(seq)
-    logits = []
-    for _ in range(steps + 1):
-        output = core.scheduler.schedule()
-        result = core.runner.execute(output.chunks)
-        for chunk in output.chunks:
-            chunk.seq.num_computed_tokens = chunk.end
-            core.block_manager.cache_full_blocks(chunk.seq)
-        order = sorted(range(len(result.sampled)), key=lambda i: result.sampled[i].seq.request_id)
-        logits.append(result.logits[order].clone())
-        for chunk in result.sampled:
-            chunk.seq.token_ids.append(5)
-    return logits
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_fixed_shape_decode_matches_the_general_path(
     layout: str, checkpoints: Callable[[str], Path], kit: Any
@@ -56,7 +36,11 @@ def test_fixed_shape_decode_matches_the_general_path(
     assert plain.runner.graphs is None
     # 5 rows pad to a batch of 8; contexts from 6 to 62 cross block buckets (block size 4).
     prompts = kit.random_prompts(11, [5, 17, 33, 8, 61])
-    for a, b in zip(_step_logits(graphs, prompts, 5), _step_logits(plain, prompts, 5), strict=True):
+    for a, b in zip(
+        kit.decode_logits(graphs, prompts, 5, 5),
+        kit.decode_logits(plain, prompts, 5, 5),
+        strict=True,
+    ):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert {(8, 16), (8, 32)} <= set(graphs.runner.graphs._shapes)
 
@@ -86,7 +70,7 @@ def test_padding_rows_never_touch_a_sequences_blocks(
     before = [k[:scratch].clone() for k, _ in runner.kv_caches]
     # 3 rows run at batch 4: the padding row's K/V may only land in the scratch block.
     prompts = kit.random_prompts(13, [6, 9, 12])
-    _step_logits(core, prompts, 1)
+    kit.decode_logits(core, prompts, 1, 5)
     used = {b for s in core.scheduler.running for b in s.block_table}
     for layer, (k, _) in enumerate(runner.kv_caches):
         untouched = [b for b in range(scratch) if b not in used]

@@ -11,7 +11,6 @@ import torch
 
 from llm_inference.engine.api import SamplingOptions
 from llm_inference.engine.paged_kernel import load_kernel
-from llm_inference.engine.sequence import Sequence
 
 LAYOUTS = [
     "llama-gqa-untied",
@@ -23,25 +22,6 @@ LAYOUTS = [
 ]
 
 pytestmark = pytest.mark.skipif(load_kernel() is None, reason="no C++ toolchain for the kernel")
-
-
-def _decode_logits(core: Any, prompts: list[list[int]], steps: int) -> list[torch.Tensor]:
-    """Prefill, then `steps` teacher-forced decode steps (token 7); every step's logits."""
-    for i, prompt in enumerate(prompts):
-        seq = Sequence(f"s{i}", list(prompt), len(prompt), SamplingOptions(), 100, arrival_index=i)
-        core.scheduler.add(seq)
-    logits = []
-    for _ in range(steps + 1):
-        output = core.scheduler.schedule()
-        result = core.runner.execute(output.chunks)
-        for chunk in output.chunks:
-            chunk.seq.num_computed_tokens = chunk.end
-            core.block_manager.cache_full_blocks(chunk.seq)
-        order = sorted(range(len(result.sampled)), key=lambda i: result.sampled[i].seq.request_id)
-        logits.append(result.logits[order].clone())
-        for chunk in result.sampled:
-            chunk.seq.token_ids.append(7)
-    return logits
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -56,7 +36,9 @@ def test_paged_decode_matches_the_gather_path(
     # Contexts across block boundaries (block size 4), ragged batch.
     prompts = kit.random_prompts(3, [5, 17, 33, 8, 61])
     for a, b in zip(
-        _decode_logits(paged, prompts, 6), _decode_logits(gather, prompts, 6), strict=True
+        kit.decode_logits(paged, prompts, 6, 7),
+        kit.decode_logits(gather, prompts, 6, 7),
+        strict=True,
     ):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
