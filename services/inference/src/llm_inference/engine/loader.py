@@ -30,7 +30,7 @@ def load_model(
     config = ModelConfig.from_dir(path)
     torch_dtype = DTYPES[dtype]
     weights = _Weights(dict(_read_tensors(path, torch_dtype, torch.device(device))))
-    make = _LinearFactory(quantization, torch_dtype)
+    make = _LinearFactory(quantization, torch_dtype, torch.device(device))
     layers = [_layer(config, weights, i, make) for i in range(config.num_layers)]
     embed = weights.take("model.embed_tokens.weight")
     head_weight = weights.take_optional("lm_head.weight")
@@ -91,14 +91,17 @@ class _Weights:
 class _LinearFactory:
     """Builds full-precision or int8 linear layers, as configured."""
 
-    def __init__(self, quantization: str, dtype: torch.dtype) -> None:
+    def __init__(self, quantization: str, dtype: torch.dtype, device: torch.device) -> None:
         self._int8 = quantization == "int8"
         self._dtype = dtype
+        # CPU float32: layers with more outputs than inputs keep W^T (Linear's docstring).
+        self._transpose_wide = device.type == "cpu" and dtype == torch.float32
 
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         if self._int8:
             return Int8Linear(weight, bias, self._dtype)
-        return Linear(weight, bias)
+        wide = weight.shape[0] > weight.shape[1]
+        return Linear(weight, bias, transposed=self._transpose_wide and wide)
 
 
 def _concat(weights: _Weights, names: list[str]) -> torch.Tensor:

@@ -14,19 +14,32 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b) with frozen weights loaded from a checkpoint."""
+    """y = x W^T (+ b) with frozen weights loaded from a checkpoint.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    transposed=True keeps W^T contiguous ([in, out]) and multiplies x @ W^T directly: on CPU
+    float32 that is 1.2-1.5x faster for layers wider than they are deep at decode batch sizes
+    (docs/adr/0023); the loader chooses it.
+    """
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None = None, transposed: bool = False
+    ) -> None:
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.transposed = transposed
+        self.weight = nn.Parameter(
+            weight.t().contiguous() if transposed else weight, requires_grad=False
+        )
         self.bias = nn.Parameter(bias, requires_grad=False) if bias is not None else None
 
     @property
     def out_features(self) -> int:
-        return int(self.weight.shape[0])
+        return int(self.weight.shape[1 if self.transposed else 0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if not self.transposed:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.matmul(x, self.weight)
+        return y if self.bias is None else y + self.bias
 
 
 class RMSNorm(nn.Module):
