@@ -42,6 +42,25 @@ def test_tied_embeddings_share_the_embedding_matrix(checkpoints: Callable[[str],
     assert model.lm_head.weight.data_ptr() == model.embed_tokens.data_ptr()
 
 
+def test_wide_layers_keep_the_transposed_weight_on_cpu_float32(
+    checkpoints: Callable[[str], Path],
+) -> None:
+    path = checkpoints("llama-gqa-untied")
+    tensors = load_file(str(path / "model.safetensors"))
+    model = load_model(path, dtype="float32", device="cpu", max_positions=64)
+    layer = model.layers[0]
+    gate_up, down = layer.mlp.gate_up_proj, layer.mlp.down_proj
+    assert gate_up.transposed  # 192 outputs from 64 inputs
+    assert not down.transposed  # 64 outputs from 96 inputs
+    assert model.lm_head.transposed  # untied, vocab 384 > hidden 64
+    assert gate_up.out_features == 192
+    gate = tensors["model.layers.0.mlp.gate_proj.weight"]
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(gate_up(x)[:, :96], x @ gate.T)
+    half = load_model(path, dtype="bfloat16", device="cpu", max_positions=64)
+    assert not half.layers[0].mlp.gate_up_proj.transposed
+
+
 def test_missing_tensor_and_shard_are_clear_errors(
     checkpoints: Callable[[str], Path], tmp_path: Path
 ) -> None:
