@@ -6,8 +6,12 @@ embeddings frozen (they are not shipped: the service reads them from the same ch
 and writes the layers and head to OUT/model.safetensors (float16) with OUT/config.json.
 Operating points are added by calibrate_verifier.py on the tuning split.
 
+QQP's non-duplicates that the encoder already places close together (cosine >= `--hard-cosine`)
+weigh `--hard-weight` times as much in the loss: they are the false hits a proposal floor
+below the threshold lets through, and the ones the first models separated worst (ADR 0020).
+
 Usage: python services/cache/training/train_verifier.py DATA_DIR OUT_DIR [--layers 4]
-       [--epochs 1] [--max-minutes 30]
+       [--epochs 3] [--hard-cosine 0.7] [--hard-weight 3] [--max-minutes 60]
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from llm_cache.encoder import default_model_dir
+from llm_cache.encoder import Encoder, default_model_dir
 from llm_cache.verifier import PairClassifier, PairTokenizer, Tokens, base_model
+
+HYPERPARAMETERS = (
+    "layers", "side_tokens", "epochs", "batch", "lr", "seed", "hard_cosine", "hard_weight"
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +41,24 @@ class Row:
     a: Tokens
     b: Tokens
     label: float
+    weight: float = 1.0
+
+
+def hard_negatives(path: Path, encoder_dir: Path, min_cosine: float) -> list[bool]:
+    """Per line of `path`: a QQP non-duplicate whose encoder cosine is at least `min_cosine`."""
+    with path.open(encoding="utf-8") as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    wanted = [r["category"] == "qqp" and not r["label"] for r in records]
+    texts = sorted({t for r, w in zip(records, wanted, strict=True) if w for t in (r["a"], r["b"])})
+    encoder = Encoder(encoder_dir)
+    vectors: dict[str, torch.Tensor] = {}
+    for i in range(0, len(texts), 64):
+        chunk = texts[i : i + 64]
+        vectors.update(zip(chunk, torch.from_numpy(encoder.encode(chunk).vectors), strict=True))
+    return [
+        w and float(vectors[r["a"]] @ vectors[r["b"]]) >= min_cosine
+        for r, w in zip(records, wanted, strict=True)
+    ]
 
 
 def load_rows(path: Path, tokenizer: PairTokenizer, encoder_dir: Path) -> list[Row]:
@@ -57,7 +83,7 @@ def load_rows(path: Path, tokenizer: PairTokenizer, encoder_dir: Path) -> list[R
 def batches(rows: list[Row], size: int, rng: random.Random) -> list[list[Row]]:
     """Shuffled batches of similar length (less padding); each pair in a random order, as
     "same request" is symmetric."""
-    rows = [r if rng.random() < 0.5 else Row(r.b, r.a, r.label) for r in rows]
+    rows = [r if rng.random() < 0.5 else Row(r.b, r.a, r.label, r.weight) for r in rows]
     rng.shuffle(rows)
     chunks = [rows[i : i + size * 20] for i in range(0, len(rows), size * 20)]
     out: list[list[Row]] = []
@@ -79,6 +105,10 @@ def train(args: argparse.Namespace) -> None:
     encoder_dir = default_model_dir()
     tokenizer = PairTokenizer(encoder_dir, args.side_tokens)
     rows = load_rows(args.data / "train.jsonl", tokenizer, encoder_dir)
+    hard = hard_negatives(args.data / "train.jsonl", encoder_dir, args.hard_cosine)
+    weights = [args.hard_weight if h else 1.0 for h in hard]
+    rows = [Row(r.a, r.b, r.label, w) for r, w in zip(rows, weights, strict=True)]
+    print(f"{sum(hard)} QQP hard negatives (cosine >= {args.hard_cosine}) at {args.hard_weight}x")
     model = base_model(encoder_dir, args.layers).train()
     for p in model.embeddings.parameters():
         p.requires_grad_(False)
@@ -86,13 +116,14 @@ def train(args: argparse.Namespace) -> None:
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.01)
     steps = args.epochs * math.ceil(len(rows) / args.batch)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, steps))
-    loss_fn = torch.nn.BCEWithLogitsLoss()
+    loss_fn = torch.nn.BCEWithLogitsLoss(reduction="none")
     start, step, log = time.monotonic(), 0, []
     for epoch in range(args.epochs):
         for batch in batches(rows, args.batch, rng):
             ids, types, mask = tokenizer.batch([(r.a, r.b) for r in batch])
             labels = torch.tensor([r.label for r in batch])
-            loss = loss_fn(model(ids, types, mask), labels)
+            scale = torch.tensor([r.weight for r in batch])
+            loss = (loss_fn(model(ids, types, mask), labels) * scale).sum() / scale.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -109,7 +140,7 @@ def train(args: argparse.Namespace) -> None:
         else:
             continue
         break
-    save(model, args, encoder_dir, log, time.monotonic() - start, len(rows))
+    save(model, args, encoder_dir, log, time.monotonic() - start, len(rows), sum(hard))
 
 
 def _lr_factor(step: int, total: int) -> float:
@@ -126,6 +157,7 @@ def save(
     log: list[dict[str, float]],
     seconds: float,
     examples: int,
+    hard: int,
 ) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in model.trained_state().items()}
@@ -142,12 +174,11 @@ def save(
     (args.out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     report = {
         "examples": examples,
+        "qqp_hard_negatives": hard,
         "steps": len(log),
         "seconds": round(seconds, 1),
         "threads": args.threads,
-        "hyperparameters": {
-            k: getattr(args, k) for k in ("layers", "side_tokens", "epochs", "batch", "lr", "seed")
-        },
+        "hyperparameters": {k: getattr(args, k) for k in HYPERPARAMETERS},
         "loss": log[:: max(1, len(log) // 200)],
     }
     (args.out / "training.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -159,12 +190,14 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--side-tokens", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=1)  # the shipped weights: 1 (206 steps)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--hard-cosine", type=float, default=0.7)
+    parser.add_argument("--hard-weight", type=float, default=3.0)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--seed", type=int, default=37)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-minutes", type=float, default=30.0)
+    parser.add_argument("--max-minutes", type=float, default=60.0)
     train(parser.parse_args())
 
 

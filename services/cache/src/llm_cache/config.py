@@ -136,9 +136,10 @@ class SemanticSettings:
     verifier: str = "off"
     verifier_dir: Path | None = None  # None: the model shipped in llm_cache/verifier_model
     verifier_tenants: tuple[tuple[str, str], ...] = ()  # per-tenant mode overrides
-    # With the verifier, only the nearest few candidates are scored: each costs one
-    # cross-encoder pass, and the best-scoring paraphrase is almost always among them.
-    verifier_candidates: int = 2
+    # With the verifier, only the nearest candidates are scored: each costs one cross-encoder
+    # pair (about 7 ms more on a shared core). Scoring the second nearest too served no more
+    # GPTCache paraphrases on the tuning split (docs/adr/0021).
+    verifier_candidates: int = 1
 
     def __post_init__(self) -> None:
         modes = [self.verifier, *(mode for _, mode in self.verifier_tenants)]
