@@ -6,6 +6,7 @@ Usage: python infra/model/build_demo_model.py --out .cache/demo-model [--seed 0]
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import logging
@@ -408,19 +409,14 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 def build(out_dir: Path, seed: int = 0, force: bool = False) -> Path:
     """Build the checkpoint into out_dir unless it already holds this exact build."""
-    return build_atomically(
-        Path(out_dir),
-        build_info(seed),
-        force,
-        lambda tmp: write_checkpoint(tmp, seed, ModelConfig()),
-    )
+    write = functools.partial(write_checkpoint, seed=seed, cfg=ModelConfig())
+    return build_atomically(Path(out_dir), build_info(seed), force, write)
 
 
 def build_atomically(
     out_dir: Path, info: dict[str, Any], force: bool, write: Callable[[Path], dict[str, Any]]
 ) -> Path:
-    """Run `write` into a fresh directory beside out_dir and rename it into place, unless
-    out_dir already holds the build `info` describes (shared with build_bench_model)."""
+    """`write` into a fresh sibling directory, renamed into place, unless already built."""
     if not force and is_complete(out_dir, info):
         log.info("up to date: %s (seed %s)", out_dir, info.get("seed"))
         return out_dir

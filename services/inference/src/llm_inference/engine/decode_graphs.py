@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from .attention import AttentionMetadata, DecodeGroup
-from .kv_cache import KVCache
+from .kv_cache import KVCache, cache_rows, write_slots
 from .models.llama import LlamaModel
 from .scheduler import ScheduledChunk
 
@@ -119,17 +119,16 @@ class DecodeGraphs:
         if static is None:
             static = self._shapes[key] = self._allocate(*key)
         self._load(static, inputs)
-        if self.capture and static.graph is None and not self._try_capture(static, key[0]):
+        if self.capture and self.enabled and static.graph is None:
+            self._try_capture(static, key[0])
+        if static.graph is None:
             return self._eager(static, key[0])[: len(chunks)]
-        if static.graph is not None:
-            static.graph.replay()
-            assert static.hidden is not None
-            return static.hidden[: len(chunks)]
-        return self._eager(static, key[0])[: len(chunks)]
+        static.graph.replay()
+        assert static.hidden is not None
+        return static.hidden[: len(chunks)]
 
     def _inputs(self, chunks: Seq[ScheduledChunk], batch: int, blocks: int) -> _Inputs:
         size, kv_heads = self.block_size, self.num_kv_heads
-        heads = np.arange(kv_heads, dtype=np.int64)
         tables = np.full((batch, blocks), self.scratch_block, dtype=np.int64)
         input_ids = np.zeros(batch, dtype=np.int64)
         positions = np.zeros(batch, dtype=np.int64)
@@ -143,10 +142,8 @@ class DecodeGraphs:
             valid[i] = chunk.end
             block = chunk.seq.block_table[chunk.start // size]
             slots[i] = block * size + chunk.start % size
-        # Flat [block, head, offset] slots of each row's new K/V, and cache rows per table.
-        blk, off = slots // size, slots % size
-        write = ((blk[:, None] * kv_heads + heads[None, :]) * size + off[:, None]).reshape(-1)
-        gather = (tables[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
+        write = write_slots(slots // size, slots % size, kv_heads, size)
+        gather = cache_rows(tables, kv_heads).reshape(-1)
         return _Inputs(input_ids, positions, write, gather, valid)
 
     def _allocate(self, batch: int, blocks: int) -> _Static:
@@ -186,7 +183,7 @@ class DecodeGraphs:
         return hidden
 
     @torch.inference_mode()
-    def _try_capture(self, static: _Static, batch: int) -> bool:
+    def _try_capture(self, static: _Static, batch: int) -> None:
         """Capture the shape's forward (after a warm-up on a side stream, as CUDA requires)."""
         try:
             stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
@@ -201,8 +198,6 @@ class DecodeGraphs:
                 )
             self._pool = graph.pool()
             static.graph = graph
-            return True
         except RuntimeError as err:  # keep serving on the general path
             self.enabled = False
             log.warning("CUDA graph capture failed; decode runs without graphs: %s", err)
-            return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .models.config import ModelConfig
@@ -33,3 +34,21 @@ def allocate_kv_cache(
         )
         for _ in range(config.num_layers)
     ]
+
+
+def cache_rows(tables: np.ndarray, kv_heads: int) -> np.ndarray:
+    """Flat cache-row indices [..., kv_heads, blocks] of block tables [..., blocks]: a layer's
+    cache viewed as rows of [block_size, head_dim], row = block * kv_heads + head."""
+    heads = np.arange(kv_heads, dtype=np.int64)
+    rows: np.ndarray = tables[..., None, :] * kv_heads + heads[:, None]
+    return rows
+
+
+def write_slots(
+    blocks: np.ndarray, offsets: np.ndarray, kv_heads: int, block_size: int
+) -> np.ndarray:
+    """Flat [block, head, offset] slots [tokens * kv_heads] for tokens at (block, offset)."""
+    heads = np.arange(kv_heads, dtype=np.int64)
+    rows = blocks[:, None] * kv_heads + heads[None, :]
+    slots: np.ndarray = (rows * block_size + offsets[:, None]).reshape(-1)
+    return slots

@@ -10,7 +10,7 @@ import torch
 
 from .attention import AttentionMetadata, DecodeGroup, PagedDecode, PrefillSpan
 from .decode_graphs import DecodeGraphs
-from .kv_cache import allocate_kv_cache
+from .kv_cache import allocate_kv_cache, cache_rows, write_slots
 from .models.llama import LlamaModel
 from .paged_kernel import PagedDecodeFn, load_kernel
 from .scheduler import ScheduledChunk
@@ -63,7 +63,7 @@ class ModelRunner:
         # With decode graphs one more block, never handed out, takes the padding rows' K/V.
         allocated = num_blocks + (graphs is not None)
         self.kv_caches = allocate_kv_cache(config, allocated, block_size, model.dtype, self.device)
-        self._kv_heads = np.arange(config.num_kv_heads, dtype=np.int64)
+        self._kv_heads = config.num_kv_heads
         self._workspace: tuple[torch.Tensor, torch.Tensor] | None = None
         self.graphs = (
             DecodeGraphs(
@@ -139,12 +139,6 @@ class ModelRunner:
     def _tensor(self, values: Seq[int] | np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64), device=self.device)
 
-    def _block_rows(self, tables: np.ndarray, heads: np.ndarray) -> np.ndarray:
-        """Flat cache-row indices [..., heads, blocks] of `tables` [..., blocks] for KV `heads`."""
-        kv_heads = len(self._kv_heads)
-        rows: np.ndarray = tables[..., None, :] * kv_heads + heads[:, None]
-        return rows
-
     def _flatten(self, chunks: Seq[ScheduledChunk]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         size = self.block_size
         input_ids: list[int] = []
@@ -157,10 +151,7 @@ class ModelRunner:
             blocks.append(np.asarray(chunk.seq.block_table, dtype=np.int64)[pos // size])
         flat_positions = np.concatenate(positions)
         flat_blocks = np.concatenate(blocks)
-        offsets = flat_positions % size
-        kv_heads = len(self._kv_heads)
-        rows = flat_blocks[:, None] * kv_heads + self._kv_heads[None, :]
-        write_index = (rows * size + offsets[:, None]).reshape(-1)
+        write_index = write_slots(flat_blocks, flat_positions % size, self._kv_heads, size)
         return np.asarray(input_ids, dtype=np.int64), flat_positions, write_index
 
     def paged_for(self, longest_context: int) -> bool:
@@ -208,7 +199,7 @@ class ModelRunner:
         for i, chunk in enumerate(rows):
             used = -(-chunk.end // size)
             tables[i, :used] = chunk.seq.block_table[:used]
-        index = self._block_rows(tables, self._kv_heads).reshape(-1)
+        index = cache_rows(tables, self._kv_heads).reshape(-1)
         keys = torch.arange(max_blocks * size, device=self.device)
         valid = keys[None, :] < self._tensor(context)[:, None]
         mask = self._additive(valid).view(len(rows), 1, 1, -1)
@@ -222,7 +213,7 @@ class ModelRunner:
             else:
                 used = -(-chunk.end // self.block_size)
                 table = np.asarray(chunk.seq.block_table[:used], dtype=np.int64)
-                index = self._block_rows(table, self._kv_heads).reshape(-1)
+                index = cache_rows(table, self._kv_heads).reshape(-1)
                 keys = torch.arange(chunk.end, device=self.device)
                 queries = torch.arange(chunk.start, chunk.end, device=self.device)
                 mask = self._additive(keys[None, :] <= queries[:, None])
