@@ -50,7 +50,7 @@ class Plan:
     result_name: str
 
 
-FULL = Plan(LLAMA_1B, "cuda", 128, 128, (1, 16, 64), 4, 64, 4 << 30, 1 << 30, "gpu.json")
+FULL = Plan(LLAMA_1B, "cuda", 128, 128, (1, 16, 64), 16, 64, 4 << 30, 1 << 30, "gpu.json")
 DRY = Plan(TINY, "cpu", 32, 8, (1, 16, 64), 2, 8, 64 << 20, 32 << 20, "gpu-dry-run.json")
 
 
@@ -200,22 +200,25 @@ def print_summary(summary: dict[str, Any], path: Path) -> None:
                 f"{decode['roofline_step_ms']:.3f} ms ({decode['efficiency']:.1%})"
             )
     check = summary["correctness"]
-    print(
-        "  correctness vs transformers: top-1 agreement "
-        f"{check['teacher_forced_top1_agreement']:.3f}, "
-        f"max gap {check['max_logit_gap']:.3f}, exact {check['exact_sequence_matches']}/"
-        f"{check['cases']} -> {'passed' if check['passed'] else 'FAILED'}"
-    )
+    print(f"  correctness ({check['reference']}): {'passed' if check['passed'] else 'FAILED'}")
+    _print_check("engine", check)
     graphs = check["cuda_graphs"]
     if "error" in graphs:
         print(f"  with cuda_graphs: FAILED ({graphs['error']})")
     else:
-        print(
-            "  with cuda_graphs: top-1 agreement "
-            f"{graphs['teacher_forced_top1_agreement']:.3f}, "
-            f"max gap {graphs['max_logit_gap']:.3f}"
-        )
+        _print_check("with cuda_graphs", graphs)
     print(f"wrote {path}")
+
+
+def _print_check(name: str, check: dict[str, Any]) -> None:
+    print(
+        f"  {name}: top-1 vs float32 {check['engine_top1_vs_float32']:.3f} "
+        f"(transformers-bf16 {check['transformers_bf16_top1_vs_float32']:.3f}), mean gap "
+        f"{check['engine_mean_gap_vs_float32']:.3f} "
+        f"({check['transformers_bf16_mean_gap_vs_float32']:.3f}); vs transformers-bf16: top-1 "
+        f"{check['teacher_forced_top1_agreement']:.3f}, exact {check['exact_sequence_matches']}/"
+        f"{check['cases']}"
+    )
 
 
 if __name__ == "__main__":

@@ -36,7 +36,10 @@ def test_dry_run_measures_and_checks_the_tiny_model(tmp_path: Path) -> None:
     check = summary["correctness"]
     assert check["passed"]
     assert check["tokens_checked"] == check["cases"] * 8
-    assert check["teacher_forced_top1_agreement"] >= check["criteria"]["min_top1_agreement"]
+    shortfall = check["criteria"]["max_top1_shortfall"]
+    assert check["engine_top1_vs_float32"] >= check["transformers_bf16_top1_vs_float32"] - shortfall
+    # The tiny model is not chaotic in bf16: the engine matches transformers-bf16 outright.
+    assert check["teacher_forced_top1_agreement"] == 1.0
     assert summary["copy_bandwidth_gb_per_s"] > 0
     assert check["cuda_graphs"]["passed"]
     assert check["cuda_graphs"]["tokens_checked"] == check["tokens_checked"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -62,7 +63,7 @@ def test_every_variable_is_read() -> None:
         "INFERENCE_SEED": "7",
         "INFERENCE_CONSTRAINED_DECODING": "false",
         "INFERENCE_SPECULATIVE_TOKENS": "3",
-        "INFERENCE_CUDA_GRAPHS": "on",
+        "INFERENCE_CUDA_GRAPHS": "off",
         "INFERENCE_MAX_STOP_STRINGS": "4",
         "INFERENCE_MAX_EMBED_INPUTS": "8",
         "INFERENCE_EMBED_BATCH_SIZE": "4",
@@ -90,7 +91,7 @@ def test_every_variable_is_read() -> None:
         seed=7,
         constrained_decoding=False,
         speculative_tokens=3,
-        cuda_graphs=True,
+        cuda_graphs=False,
     )
     assert settings.limits.max_stop_strings == 4
     assert settings.limits.max_embed_inputs == 8
@@ -173,3 +174,14 @@ def test_missing_checkpoint_fails_fast(tmp_path: Path, models_yaml: WriteModels)
     models = models_yaml([{"name": "m", "checkpoint": "absent"}])
     with pytest.raises(ConfigError, match=r"no config\.json"):
         resolve_deployment(_settings(models, "m"))
+
+
+def test_cuda_graphs_default_on_and_ignored_on_cpu() -> None:
+    """On by default (measured on a GPU, ADR 0022); the CPU engine never pads to graph shapes,
+    where fixed shapes would only cost."""
+    from llm_inference.backends.factory import engine_config
+
+    assert EngineSettings().cuda_graphs is True
+    cpu = engine_config(replace(EngineSettings(), device="cpu"), max_context=None)
+    assert cpu.device == "cpu"
+    assert cpu.cuda_graphs is False

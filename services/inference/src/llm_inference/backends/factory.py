@@ -44,7 +44,7 @@ def engine_config(engine: EngineSettings, max_context: int | None) -> EngineConf
         max_context=max_context,
         seed=engine.seed,
         speculative_tokens=engine.speculative_tokens,
-        cuda_graphs=engine.cuda_graphs,
+        cuda_graphs=engine.cuda_graphs and device == "cuda",
     )
 
 
