@@ -12,6 +12,7 @@ from torch import nn
 
 from .models.config import CheckpointError, ModelConfig
 from .models.llama import MLP, Attention, DecoderLayer, Linear, LlamaModel, RMSNorm
+from .packed_linear import PackedKernel, PackedLinear, load_packed_kernel
 from .quant import Int8Linear
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -25,12 +26,17 @@ def load_model(
     device: str,
     max_positions: int,
     quantization: str = "none",
+    packed: bool = True,
 ) -> LlamaModel:
-    """Read weights, fuse q/k/v and gate/up, optionally quantize; return the model in eval mode."""
+    """Read weights, fuse q/k/v and gate/up, optionally quantize; return the model in eval mode.
+
+    packed: on CPU float32, linear layers use the packed kernel when it builds here
+    (packed_linear.py); False keeps torch's own matmul (for comparisons).
+    """
     config = ModelConfig.from_dir(path)
     torch_dtype = DTYPES[dtype]
     weights = _Weights(dict(_read_tensors(path, torch_dtype, torch.device(device))))
-    make = _LinearFactory(quantization, torch_dtype, torch.device(device))
+    make = _LinearFactory(quantization, torch_dtype, torch.device(device), packed)
     layers = [_layer(config, weights, i, make) for i in range(config.num_layers)]
     embed = weights.take("model.embed_tokens.weight")
     head_weight = weights.take_optional("lm_head.weight")
@@ -91,15 +97,24 @@ class _Weights:
 class _LinearFactory:
     """Builds full-precision or int8 linear layers, as configured."""
 
-    def __init__(self, quantization: str, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self, quantization: str, dtype: torch.dtype, device: torch.device, packed: bool
+    ) -> None:
         self._int8 = quantization == "int8"
         self._dtype = dtype
-        # CPU float32: layers with more outputs than inputs keep W^T (Linear's docstring).
-        self._transpose_wide = device.type == "cpu" and dtype == torch.float32
+        cpu_f32 = device.type == "cpu" and dtype == torch.float32
+        self._kernel: PackedKernel | None = (
+            load_packed_kernel() if cpu_f32 and packed and not self._int8 else None
+        )
+        # CPU float32 without the kernel: layers with more outputs than inputs keep W^T
+        # (Linear's docstring).
+        self._transpose_wide = cpu_f32
 
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         if self._int8:
             return Int8Linear(weight, bias, self._dtype)
+        if self._kernel is not None:
+            return PackedLinear(weight, bias, self._kernel)
         wide = weight.shape[0] > weight.shape[1]
         return Linear(weight, bias, transposed=self._transpose_wide and wide)
 

@@ -18,6 +18,7 @@ from llm_inference.engine.core import EngineCore
 from llm_inference.engine.kv_cache import bytes_per_block
 from llm_inference.engine.loader import INDEX_FILE, load_model
 from llm_inference.engine.models.config import CheckpointError
+from llm_inference.engine.packed_linear import PackedLinear, load_packed_kernel
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -42,12 +43,12 @@ def test_tied_embeddings_share_the_embedding_matrix(checkpoints: Callable[[str],
     assert model.lm_head.weight.data_ptr() == model.embed_tokens.data_ptr()
 
 
-def test_wide_layers_keep_the_transposed_weight_on_cpu_float32(
+def test_wide_layers_keep_the_transposed_weight_without_packing(
     checkpoints: Callable[[str], Path],
 ) -> None:
     path = checkpoints("llama-gqa-untied")
     tensors = load_file(str(path / "model.safetensors"))
-    model = load_model(path, dtype="float32", device="cpu", max_positions=64)
+    model = load_model(path, dtype="float32", device="cpu", max_positions=64, packed=False)
     layer = model.layers[0]
     gate_up, down = layer.mlp.gate_up_proj, layer.mlp.down_proj
     assert gate_up.transposed  # 192 outputs from 64 inputs
@@ -59,6 +60,28 @@ def test_wide_layers_keep_the_transposed_weight_on_cpu_float32(
     torch.testing.assert_close(gate_up(x)[:, :96], x @ gate.T)
     half = load_model(path, dtype="bfloat16", device="cpu", max_positions=64)
     assert not half.layers[0].mlp.gate_up_proj.transposed
+
+
+@pytest.mark.skipif(load_packed_kernel() is None, reason="no C++ toolchain for the kernel")
+def test_cpu_float32_layers_are_packed_and_match_the_checkpoint(
+    checkpoints: Callable[[str], Path],
+) -> None:
+    path = checkpoints("llama-gqa-untied")
+    tensors = load_file(str(path / "model.safetensors"))
+    model = load_model(path, dtype="float32", device="cpu", max_positions=64)
+    layer = model.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj):
+        assert isinstance(linear, PackedLinear)
+    assert isinstance(model.lm_head, PackedLinear)  # untied
+    x = torch.randn(5, 96)
+    down = tensors["model.layers.0.mlp.down_proj.weight"]
+    torch.testing.assert_close(layer.mlp.down_proj(x), x @ down.T)
+    half = load_model(path, dtype="bfloat16", device="cpu", max_positions=64)
+    assert not isinstance(half.layers[0].mlp.down_proj, PackedLinear)
+    tied = load_model(
+        checkpoints("llama-mha-tied"), dtype="float32", device="cpu", max_positions=64
+    )
+    assert not isinstance(tied.lm_head, PackedLinear)  # shares the embedding matrix
 
 
 def test_missing_tensor_and_shard_are_clear_errors(

@@ -1,0 +1,89 @@
+// y[M, N] = x[M, K] @ W^T for float32 on CPU, with W packed at load time into panels of NR
+// output columns: packed[p][k][j] = W[p * NR + j][k] (zero past N). A panel is read front to
+// back, once per MR rows of x, so the weights stream sequentially from memory and each loaded
+// vector feeds MR fused multiply-adds; no per-call packing (what makes BLAS slow at the
+// 1-64 rows of a decode step). Accumulation is in float32, in k order.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kVec = 16, kRows = 6;  // 24 accumulators + 4 weight vectors of 32 registers
+#else
+constexpr int kVec = 8, kRows = 2;  // 8 accumulators + 4 weight vectors of 16 registers
+#endif
+constexpr int kVecs = 4, kPanel = kVecs * kVec;
+typedef float vec __attribute__((vector_size(kVec * 4)));
+typedef float vec_u __attribute__((vector_size(kVec * 4), aligned(4)));
+
+// R rows of x (x + i * k_len) times one panel, into out [R, kPanel]. R is a template
+// parameter so the accumulators stay in registers and a short tile (one decode row) does
+// only its own multiply-adds.
+template <int R>
+void tile(const float* x, const float* panel, int64_t k_len, float* out) {
+  vec acc[R][kVecs];
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < kVecs; ++v) acc[i][v] = vec{};
+  for (int64_t k = 0; k < k_len; ++k) {
+    const vec_u* w = reinterpret_cast<const vec_u*>(panel + k * kPanel);
+    vec wv[kVecs];
+    for (int v = 0; v < kVecs; ++v) wv[v] = w[v];
+    for (int i = 0; i < R; ++i) {
+      const vec a = vec{} + x[i * k_len + k];
+      for (int v = 0; v < kVecs; ++v) acc[i][v] += a * wv[v];
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int v = 0; v < kVecs; ++v) *reinterpret_cast<vec_u*>(out + i * kPanel + v * kVec) = acc[i][v];
+}
+
+template <int R>
+void tile_upto(int rows, const float* x, const float* panel, int64_t k_len, float* out) {
+  if constexpr (R > 1) {
+    if (rows < R) return tile_upto<R - 1>(rows, x, panel, k_len, out);
+  }
+  tile<R>(x, panel, k_len, out);
+}
+
+}  // namespace
+
+// x [M, K] float32 contiguous; packed [P, K, kPanel] float32 contiguous, P = ceil(N / kPanel).
+torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t n_out) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && packed.scalar_type() == torch::kFloat32,
+              "packed_linear: float32 only");
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(2) == kPanel,
+              "packed_linear: x [M, K], packed [P, K, ", kPanel, "]");
+  TORCH_CHECK(x.is_contiguous() && packed.is_contiguous(), "packed_linear: contiguous inputs");
+  const int64_t m_len = x.size(0), k_len = x.size(1), panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == k_len && n_out > (panels - 1) * kPanel && n_out <= panels * kPanel,
+              "packed_linear: shapes disagree");
+  auto y = torch::empty({m_len, n_out}, x.options());
+  if (m_len == 0) return y;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    alignas(64) float out[kRows * kPanel];
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n0 = p * kPanel, width = std::min<int64_t>(kPanel, n_out - n0);
+      for (int64_t m0 = 0; m0 < m_len; m0 += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, m_len - m0));
+        tile_upto<kRows>(rows, xp + m0 * k_len, wp + p * k_len * kPanel, k_len, out);
+        for (int64_t i = 0; i < rows; ++i)
+          std::memcpy(yp + (m0 + i) * n_out + n0, out + i * kPanel, width * sizeof(float));
+      }
+    }
+  });
+  return y;
+}
+
+int64_t panel_width() { return kPanel; }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("packed_linear", &packed_linear, "x @ W^T with W packed in panels (float32, CPU)");
+  m.def("panel_width", &panel_width, "output columns per packed panel");
+}

@@ -1,0 +1,56 @@
+"""The packed CPU linear kernel (csrc/packed_linear.cpp) against torch's matmul: every row
+count a step can have, output widths that do not fill the last panel, odd inner sizes, bias,
+and clear errors for inputs it does not take."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from llm_inference.engine.packed_linear import PackedLinear, load_packed_kernel, pack
+
+KERNEL = load_packed_kernel()
+pytestmark = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain for the kernel")
+
+
+@pytest.mark.parametrize("rows", [0, 1, 2, 5, 6, 7, 16, 33, 130])
+@pytest.mark.parametrize(("k_len", "n_out"), [(64, 192), (96, 64), (37, 100), (128, 1)])
+def test_matches_torch_linear(rows: int, k_len: int, n_out: int) -> None:
+    assert KERNEL is not None
+    generator = torch.Generator().manual_seed(rows * 1000 + k_len + n_out)
+    weight = torch.randn(n_out, k_len, generator=generator)
+    bias = torch.randn(n_out, generator=generator)
+    x = torch.randn(rows, k_len, generator=generator)
+    layer = PackedLinear(weight, bias, KERNEL)
+    assert layer.out_features == n_out
+    torch.testing.assert_close(layer(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+def test_leading_dimensions_and_non_contiguous_input() -> None:
+    assert KERNEL is not None
+    weight = torch.randn(70, 48)
+    layer = PackedLinear(weight, None, KERNEL)
+    x = torch.randn(48, 2, 3).permute(1, 2, 0)  # [2, 3, 48], not contiguous
+    torch.testing.assert_close(layer(x), x @ weight.T, rtol=1e-5, atol=1e-4)
+
+
+def test_packing_pads_the_last_panel_with_zeros() -> None:
+    assert KERNEL is not None
+    panel = KERNEL.panel_width()
+    weight = torch.arange(3 * 5, dtype=torch.float32).view(3, 5)
+    packed = pack(weight, panel)
+    assert packed.shape == (1, 5, panel)
+    torch.testing.assert_close(packed[0, :, :3], weight.T)
+    assert bool((packed[0, :, 3:] == 0).all())
+
+
+def test_bad_inputs_are_refused_with_a_clear_error() -> None:
+    assert KERNEL is not None
+    packed = pack(torch.randn(8, 16), KERNEL.panel_width())
+    with pytest.raises(RuntimeError, match="float32 only"):
+        KERNEL.packed_linear(torch.randn(2, 16, dtype=torch.float64), packed, 8)
+    with pytest.raises(RuntimeError, match="shapes disagree"):
+        KERNEL.packed_linear(torch.randn(2, 15), packed, 8)
+    with pytest.raises(RuntimeError, match="shapes disagree"):
+        KERNEL.packed_linear(torch.randn(2, 16), packed, KERNEL.panel_width() + 1)
