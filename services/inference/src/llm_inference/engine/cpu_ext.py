@@ -14,7 +14,10 @@ from types import ModuleType
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).resolve().parent / "csrc"
-FLAGS = ["-O3", "-march=native", "-fopenmp-simd"]
+# -fopenmp: at::parallel_for is inline OpenMP in torch's headers and runs serially without
+# it. The libgomp it links is torch's own (same soname, already loaded), not a second runtime.
+FLAGS = ["-O3", "-march=native", "-fopenmp"]
+LDFLAGS = ["-fopenmp"]
 
 _loaded: dict[str, ModuleType | None] = {}
 
@@ -32,7 +35,11 @@ def load_extension(name: str, source: str, purpose: str) -> ModuleType | None:
     start = time.perf_counter()
     try:
         module: ModuleType = load(
-            name=name, sources=[str(CSRC / source)], extra_cflags=FLAGS, verbose=False
+            name=name,
+            sources=[str(CSRC / source)],
+            extra_cflags=FLAGS,
+            extra_ldflags=LDFLAGS,
+            verbose=False,
         )
     except (OSError, RuntimeError, ImportError) as exc:  # no compiler, no headers, link error
         log.warning("%s unavailable, falling back to plain torch: %s", purpose, exc)

@@ -19,9 +19,6 @@ from .scheduler import ScheduledChunk
 # a new group starts when a row's context is under this fraction of the group's longest.
 GROUP_SPLIT_RATIO = 0.6
 MIN_GROUP_SIZE = 4
-# attention_backend auto: the paged kernel from this longest decode context on; below it the
-# gather path's bmm is faster on CPU (bench-engine decode_step, docs/adr/0019).
-PAGED_MIN_CONTEXT = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +55,6 @@ class ModelRunner:
         self.device = model.embed_tokens.device
         self.paged_kernel = _paged_kernel(attention, self.device, model.dtype)
         self.attention_backend = "paged" if self.paged_kernel is not None else "gather"
-        self._auto = attention == "auto"
         config = model.config
         # With decode graphs one more block, never handed out, takes the padding rows' K/V.
         allocated = num_blocks + (graphs is not None)
@@ -83,7 +79,7 @@ class ModelRunner:
         # With the paged kernel a drafted chunk's positions are decode rows over one table
         # (row i sees start + i + 1 keys: causal without a mask); otherwise a prefill span.
         drafted = [c for c in chunks if c.num_draft]
-        use_paged = self.paged_for(max((c.end for c in [*singles, *drafted]), default=0))
+        use_paged = self.paged_kernel is not None
         drafted = drafted if use_paged else []
         multis = [c for c in chunks if c.num_tokens > 1 and not (drafted and c.num_draft)]
         ordered = [*singles, *drafted, *multis]
@@ -153,12 +149,6 @@ class ModelRunner:
         flat_blocks = np.concatenate(blocks)
         write_index = write_slots(flat_blocks, flat_positions % size, self._kv_heads, size)
         return np.asarray(input_ids, dtype=np.int64), flat_positions, write_index
-
-    def paged_for(self, longest_context: int) -> bool:
-        """Whether decode rows whose longest context is this run on the paged kernel."""
-        if self.paged_kernel is None:
-            return False
-        return not self._auto or longest_context >= PAGED_MIN_CONTEXT
 
     def _paged_decode(self, chunks: Seq[ScheduledChunk]) -> PagedDecode | None:
         """Every position of `chunks` as a kernel row: its block table and key count."""

@@ -55,16 +55,11 @@ def test_paged_decode_greedy_matches_transformers(
         assert outputs[f"r{i}"] == kit.hf_greedy(hf_models(path), prompt, 20)
 
 
-def test_auto_uses_the_kernel_from_long_contexts_only(
+def test_auto_uses_the_kernel_on_cpu_float32_and_gather_forces_it_off(
     checkpoints: Callable[[str], Path], kit: Any
 ) -> None:
-    from llm_inference.engine.model_runner import PAGED_MIN_CONTEXT
-
     path = checkpoints("llama-gqa-untied")
-    auto = kit.make_core(path)
-    assert auto.runner.attention_backend == "paged"
-    assert not auto.runner.paged_for(PAGED_MIN_CONTEXT - 1)
-    assert auto.runner.paged_for(PAGED_MIN_CONTEXT)
-    forced = kit.make_core(path, attention_backend="paged")
-    assert forced.runner.paged_for(16)
-    assert not kit.make_core(path, attention_backend="gather").runner.paged_for(4096)
+    assert kit.make_core(path).runner.attention_backend == "paged"
+    assert kit.make_core(path, attention_backend="gather").runner.attention_backend == "gather"
+    half = kit.make_core(path, dtype="bfloat16")
+    assert half.runner.attention_backend == "gather"  # the kernel is float32 only
