@@ -65,6 +65,18 @@ def test_queued_work_counts_own_requests_sent_after_the_report(clock: ManualCloc
     assert b.queued_work("r", prefill_weight=1.0) == 7.0
 
 
+def test_a_prefilled_request_counts_only_the_tokens_left(clock: ManualClock) -> None:
+    b = board(clock)
+    first = b.begin("r", 119.0)  # 113 prompt tokens + 6 to generate, none reported yet
+    b.prefilled(first, 6.0)
+    assert b.queued_work("r", prefill_weight=1.0) == 6.0
+    assert b.requests("r") == 1
+    b.finish(first)
+    b.prefilled(first, 3.0)  # a finished ticket stays finished
+    assert b.queued_work("r", prefill_weight=1.0) == 0.0
+    assert b.requests("r") == 0
+
+
 def test_prefix_chain_hashes_full_blocks_only() -> None:
     tokens = list(range(40))
     chain = prefix_chain(tokens, block_tokens=16, max_blocks=8, salt="d")

@@ -174,6 +174,7 @@ class Dispatcher:
                 raise
             if first is None:  # a stream must end with a finish message: the replica broke
                 raise ReplicaFailed(replica, grpc.StatusCode.DATA_LOSS)
+            self._board.prefilled(placed.ticket, float(max(sampling.max_tokens - resumed, 0)))
             return Started(placed, call, first, target)
 
         resumed = 0 if resume is None else len(resume.token_ids)

@@ -125,6 +125,16 @@ class LoadBoard:
         self._get(replica).in_flight[ticket.number] = (self._clock(), work)
         return ticket
 
+    def prefilled(self, ticket: Ticket, work: float) -> None:
+        """The request of `ticket` has its first token: its prompt is computed, `work` units
+        (the tokens still to generate) remain. Until the replica's next load report counts it,
+        its estimate must not keep the prefill: a sibling choice or a follow-up sent to the
+        same warm replica would otherwise be charged a prompt already done."""
+        state = self._get(ticket.replica)
+        if ticket.number in state.in_flight:
+            began, _ = state.in_flight[ticket.number]
+            state.in_flight[ticket.number] = (began, work)
+
     def finish(self, ticket: Ticket) -> None:
         """The request of `ticket` ended (any outcome); idempotent."""
         self._get(ticket.replica).in_flight.pop(ticket.number, None)
