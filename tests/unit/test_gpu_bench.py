@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,27 @@ def test_without_cuda_it_asks_for_a_gpu_or_dry_run(tmp_path: Path) -> None:
     assert "no CUDA device" in proc.stderr
     assert "--dry-run" in proc.stderr
     assert not (tmp_path / "gpu.json").exists()
+
+
+@pytest.mark.slow
+def test_profile_step_reports_host_ops_per_step_on_cpu(tmp_path: Path) -> None:
+    """bench/gpu/profile_step.py (the GPU step profile) runs its code paths on CPU too."""
+    env = {**os.environ, "PYTHONPATH": "bench:services/inference/src:libs/llm-common/src"}
+    build = "from gpu.model import TINY, build_checkpoint; import sys; "
+    build += "build_checkpoint(TINY, __import__('pathlib').Path(sys.argv[1]), 'cpu')"
+    model = tmp_path / "model"
+    python = sys.executable
+    subprocess.run([python, "-c", build, str(model)], cwd=REPO, env=env, check=True, timeout=120)
+    out = tmp_path / "profile.json"
+    args = ["-m", "gpu.profile_step", str(model), str(out), "--device", "cpu", "--batch", "2"]
+    proc = subprocess.run(
+        [python, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text("utf-8"))
+    assert [(r["batch"], r["cuda_graphs"]) for r in results] == [(2, False), (2, True)]
+    for result in results:
+        assert result["wall_ms_per_step_profiled"] > 0
+        assert result["kernels_per_step"] == 0  # no GPU kernels on CPU
+        assert result["top_host_ops"]
+        assert all(op["self_cpu_ms_per_step"] >= 0 for op in result["top_host_ops"])
