@@ -151,6 +151,9 @@ class Dispatcher:
         self, target: Target, resume: inf_pb.Resume | None, exclude: Collection[str]
     ) -> Started:
         prompt, sampling, stream = target.prompt, target.sampling, target.stream
+        resumed = 0 if resume is None else len(resume.token_ids)
+        # Tokens still to generate: the job's decode work, and what is left once prefilled.
+        left = max(sampling.max_tokens - resumed, 1) if resumed else sampling.max_tokens
 
         async def attempt(placed: Placed) -> Started:
             request = inf_pb.GenerateRequest(
@@ -174,14 +177,11 @@ class Dispatcher:
                 raise
             if first is None:  # a stream must end with a finish message: the replica broke
                 raise ReplicaFailed(replica, grpc.StatusCode.DATA_LOSS)
-            self._board.prefilled(placed.ticket, float(max(sampling.max_tokens - resumed, 0)))
+            self._board.prefilled(placed.ticket, float(left))
             return Started(placed, call, first, target)
-
-        resumed = 0 if resume is None else len(resume.token_ids)
 
         def job(deployment: Deployment) -> Job:
             chain = self._selector.chain(deployment.name, prompt)
-            left = max(sampling.max_tokens - resumed, 1) if resumed else sampling.max_tokens
             return Job(deployment.name, chain, len(prompt) + resumed, left)
 
         return await self.place(target.model, target.deployments, job, attempt, exclude)
