@@ -5,7 +5,10 @@ drains at `limit / window_s` per second. A level at `limit` means `limit` failur
 a window. Then:
 
 - an address over its limit gets 429 (RESOURCE_EXHAUSTED + RetryInfo) for every request,
-  before any credential is verified: guessing from one address costs it nothing but time;
+  before any credential is verified: guessing from one address costs it nothing but time.
+  Each refused request tops its level back up to the limit, so it stays refused for one
+  drain interval (`window_s / limit`) after its last attempt: an address that keeps
+  hammering stays shut, and the retry-after it was told is never shorter than the truth;
 - a key id over its limit answers its *failed* attempts with 429 instead of 401, while the
   right secret still passes: knowing a key id (it is not secret) must not let anyone lock its
   owner out.
@@ -66,12 +69,19 @@ class LeakyCounters:
 
     def add(self, key: str) -> None:
         """One more failure for `key`."""
+        self._update(key, lambda level: level + 1.0)
+
+    def hold(self, key: str) -> None:
+        """`key` was refused: its level back up to the limit (one more drain interval)."""
+        self._update(key, lambda level: max(level, float(self.settings.limit)))
+
+    def _update(self, key: str, change: Callable[[float], float]) -> None:
         now = self.clock()
         entry = self._levels.pop(key, None)
         level = 0.0 if entry is None else self._drained(entry, now)
         if len(self._levels) >= self.settings.max_tracked:
             self._levels.popitem(last=False)  # the least recently failed
-        self._levels[key] = _Level(level + 1.0, now)
+        self._levels[key] = _Level(change(level), now)
 
     @property
     def _rate(self) -> float:
@@ -92,9 +102,13 @@ class FailureThrottle:
         self.keys = LeakyCounters(settings, clock)
 
     def address_wait_s(self, address: str) -> float:
-        """How long `address` must wait before its credentials are checked again (0: now)."""
+        """How long `address` must wait before its credentials are checked again (0: now).
+        A refused address is held at its limit: this request's wait counts from now."""
         if not self.settings.enabled or not address:
             return 0.0
+        if self.addresses.wait_s(address) <= 0:
+            return 0.0
+        self.addresses.hold(address)
         return self.addresses.wait_s(address)
 
     def failed(self, address: str, key_id: str | None) -> float:

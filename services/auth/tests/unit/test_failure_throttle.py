@@ -30,6 +30,20 @@ def test_limit_failures_then_a_wait_that_drains() -> None:
     assert counters.wait_s("never-failed") == 0
 
 
+def test_a_refused_address_stays_refused_one_interval_after_each_attempt() -> None:
+    clock = Clock()
+    throttle = FailureThrottle(ThrottleSettings(limit=4, window_s=60.0), clock)
+    for _ in range(4):
+        throttle.failed("203.0.113.7", None)
+    clock.now += 14.9  # the 4th failure has almost drained: barely over the limit
+    assert throttle.address_wait_s("203.0.113.7") == pytest.approx(15.0)  # held from now
+    clock.now += 14.0  # still hammering inside the interval: still refused, held again
+    assert throttle.address_wait_s("203.0.113.7") == pytest.approx(15.0)
+    clock.now += 15.0  # quiet for one interval: one more guess is allowed
+    assert throttle.address_wait_s("203.0.113.7") == 0
+    assert throttle.address_wait_s("198.51.100.1") == 0
+
+
 def test_tables_are_bounded_least_recent_first() -> None:
     counters = LeakyCounters(ThrottleSettings(limit=1, window_s=60.0, max_tracked=3), Clock())
     for key in ("a", "b", "c", "a", "d"):
