@@ -2,11 +2,18 @@
 machine's instruction set (-march=native), cached by torch under TORCH_EXTENSIONS_DIR (default
 ~/.cache/torch_extensions), loaded on first use. A kernel that cannot be built here (no
 compiler, no headers) is reported once in the log and its caller falls back to plain torch.
+
+The cached module's name carries a digest of the CPU's instruction-set flags: torch reuses a
+build when the source and the flag *strings* match, and "-march=native" reads the same on
+every CPU, so a cache built on an AVX-512 machine (an image layer, a shared home) would
+otherwise be loaded on an AVX2 one and die of SIGILL at the first call.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import platform
 import time
 from pathlib import Path
 from types import ModuleType
@@ -19,7 +26,33 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 FLAGS = ["-O3", "-march=native", "-fopenmp"]
 LDFLAGS = ["-fopenmp"]
 
+CPUINFO = Path("/proc/cpuinfo")
+
 _loaded: dict[str, ModuleType | None] = {}
+
+
+def cpu_signature(cpuinfo: str | None = None) -> str:
+    """8 hex digits naming this CPU's instruction set: its feature flags where the kernel lists
+    them (x86 "flags", Arm "Features"), else the machine and processor names."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = CPUINFO.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            cpuinfo = ""
+    features = next(
+        (
+            line.partition(":")[2]
+            for line in cpuinfo.splitlines()
+            if line.split(":")[0].strip() in ("flags", "Features")
+        ),
+        None,
+    )
+    text = (
+        " ".join(sorted(features.split()))
+        if features is not None
+        else f"{platform.machine()} {platform.processor()}"
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 def load_extension(name: str, source: str, purpose: str) -> ModuleType | None:
@@ -35,7 +68,7 @@ def load_extension(name: str, source: str, purpose: str) -> ModuleType | None:
     start = time.perf_counter()
     try:
         module: ModuleType = load(
-            name=name,
+            name=f"{name}_{cpu_signature()}",
             sources=[str(CSRC / source)],
             extra_cflags=FLAGS,
             extra_ldflags=LDFLAGS,
