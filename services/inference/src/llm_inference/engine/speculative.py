@@ -78,19 +78,29 @@ def eligible(options: SamplingOptions, has_grammar: bool) -> bool:
 
 
 def propose(tokens: Seq[int], k: int, ngram_max: int, ngram_min: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier match of the last n tokens."""
+    """Up to k tokens that followed the most recent earlier match of the last n tokens, for the
+    largest n in [ngram_min, ngram_max] that matches anywhere."""
     if k <= 0 or len(tokens) < ngram_min + 1:
         return []
     arr = np.asarray(tokens, dtype=np.int64)
-    for n in range(min(ngram_max, len(arr) - 1), ngram_min - 1, -1):
-        pattern = arr[-n:]
-        # Windows starting before the suffix itself, each followed by at least one token.
-        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
-        hits = np.flatnonzero((windows == pattern).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + n
-            return [int(t) for t in arr[start : start + k]]
-    return []
+    # Where an earlier occurrence of the last token ends a match (followed by >= 1 token),
+    # then how far back each such match goes: one comparison per candidate and length,
+    # not a window scan per n (this runs for every drafting sequence every step).
+    ends = np.flatnonzero(arr[:-1] == arr[-1])
+    if ends.size == 0:
+        return []
+    longest = min(ngram_max, len(arr) - 1)
+    length = np.ones(ends.size, dtype=np.int64)
+    alive = np.ones(ends.size, dtype=bool)
+    for back in range(1, longest):
+        alive &= ends >= back
+        alive[alive] = arr[ends[alive] - back] == arr[-1 - back]
+        length += alive
+    best = int(length.max())
+    if best < ngram_min:
+        return []
+    start = int(ends[length == best][-1]) + 1
+    return [int(t) for t in arr[start : start + k]]
 
 
 def verify(draft: Seq[int], greedy: Seq[int]) -> Verdict:

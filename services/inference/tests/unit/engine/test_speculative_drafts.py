@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from llm_common.config import ConfigError
@@ -31,6 +33,27 @@ def test_propose_takes_what_followed_the_most_recent_longest_match() -> None:
     assert propose([5, 5], 0, ngram_max=3, ngram_min=1) == []
     # The draft may run to the end of the sequence: fewer than k tokens.
     assert propose([4, 2, 4], 5, ngram_max=2, ngram_min=1) == [2, 4]
+
+
+def _by_definition(tokens: list[int], k: int, ngram_max: int, ngram_min: int) -> list[int]:
+    """The slow, obvious reading of propose's contract: each n from the longest, each window."""
+    if k <= 0:
+        return []
+    for n in range(min(ngram_max, len(tokens) - 1), ngram_min - 1, -1):
+        starts = [s for s in range(len(tokens) - n) if tokens[s : s + n] == tokens[-n:]]
+        if starts:
+            return tokens[starts[-1] + n : starts[-1] + n + k]
+    return []
+
+
+def test_propose_matches_its_definition_on_random_sequences() -> None:
+    rng = random.Random(35)
+    for _ in range(3000):
+        tokens = [rng.randrange(rng.choice((2, 4, 9))) for _ in range(rng.randrange(1, 40))]
+        k, ngram_max = rng.randrange(0, 6), rng.randrange(1, 5)
+        ngram_min = rng.randrange(1, ngram_max + 1)
+        expected = _by_definition(tokens, k, ngram_max, ngram_min)
+        assert propose(tokens, k, ngram_max, ngram_min) == expected, (tokens, k, ngram_max)
 
 
 def test_verify_accepts_the_agreeing_prefix_plus_one_model_token() -> None:
