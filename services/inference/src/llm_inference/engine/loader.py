@@ -10,6 +10,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from .fused_ops import FusedOps, load_fused_ops
 from .models.config import CheckpointError, ModelConfig
 from .models.llama import MLP, Attention, DecoderLayer, Linear, LlamaModel, RMSNorm
 from .packed_linear import PackedKernel, PackedLinear, load_packed_kernel
@@ -30,21 +31,23 @@ def load_model(
 ) -> LlamaModel:
     """Read weights, fuse q/k/v and gate/up, optionally quantize; return the model in eval mode.
 
-    packed: on CPU float32, linear layers use the packed kernel when it builds here
-    (packed_linear.py); False keeps torch's own matmul (for comparisons).
+    packed: on CPU float32, linear layers use the packed kernel and norms and RoPE the fused
+    ops when they build here (packed_linear.py, fused_ops.py); False keeps torch's own
+    operations (for comparisons).
     """
     config = ModelConfig.from_dir(path)
     torch_dtype = DTYPES[dtype]
     weights = _Weights(dict(_read_tensors(path, torch_dtype, torch.device(device))))
     make = _LinearFactory(quantization, torch_dtype, torch.device(device), packed)
-    layers = [_layer(config, weights, i, make) for i in range(config.num_layers)]
+    ops = load_fused_ops() if make.packed else None
+    layers = [_layer(config, weights, i, make, ops) for i in range(config.num_layers)]
     embed = weights.take("model.embed_tokens.weight")
     head_weight = weights.take_optional("lm_head.weight")
     if config.tie_word_embeddings or head_weight is None:
         lm_head: nn.Module = Linear(embed)
     else:
         lm_head = make(head_weight, None)
-    norm = RMSNorm(weights.take("model.norm.weight"), config.rms_norm_eps)
+    norm = RMSNorm(weights.take("model.norm.weight"), config.rms_norm_eps, ops)
     model = LlamaModel(config, embed, layers, norm, lm_head, max_positions)
     return model.eval()
 
@@ -110,6 +113,11 @@ class _LinearFactory:
         # (Linear's docstring).
         self._transpose_wide = cpu_f32
 
+    @property
+    def packed(self) -> bool:
+        """Whether linear layers use the packed CPU kernel (CPU float32, not int8, built)."""
+        return self._kernel is not None
+
     def __call__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         if self._int8:
             return Int8Linear(weight, bias, self._dtype)
@@ -136,7 +144,7 @@ def _concat_optional(weights: _Weights, names: list[str]) -> torch.Tensor | None
 
 
 def _layer(
-    config: ModelConfig, weights: _Weights, index: int, make: _LinearFactory
+    config: ModelConfig, weights: _Weights, index: int, make: _LinearFactory, ops: FusedOps | None
 ) -> DecoderLayer:
     prefix = f"model.layers.{index}."
     attn = prefix + "self_attn."
@@ -149,6 +157,7 @@ def _layer(
         config,
         make(_concat(weights, [n + ".weight" for n in qkv]), qkv_bias),
         make(weights.take(attn + "o_proj.weight"), o_bias),
+        ops,
     )
     mlp = prefix + "mlp."
     gate_up = [f"{mlp}{p}_proj" for p in ("gate", "up")]
@@ -163,6 +172,6 @@ def _layer(
     return DecoderLayer(
         attention,
         feed_forward,
-        RMSNorm(weights.take(prefix + "input_layernorm.weight"), eps),
-        RMSNorm(weights.take(prefix + "post_attention_layernorm.weight"), eps),
+        RMSNorm(weights.take(prefix + "input_layernorm.weight"), eps, ops),
+        RMSNorm(weights.take(prefix + "post_attention_layernorm.weight"), eps, ops),
     )

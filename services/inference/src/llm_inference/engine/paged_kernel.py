@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from .cpu_ext import load_extension
+from .fused_ops import load_fused_ops
 from .packed_linear import load_packed_kernel
 
 PagedDecodeFn = Callable[
@@ -33,7 +34,8 @@ def load_kernel() -> PagedDecodeFn | None:
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    return 0 if load_kernel() is not None and load_packed_kernel() is not None else 1
+    built = (load_kernel(), load_packed_kernel(), load_fused_ops())
+    return 0 if all(kernel is not None for kernel in built) else 1
 
 
 if __name__ == "__main__":

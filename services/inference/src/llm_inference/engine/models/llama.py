@@ -7,6 +7,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from ..attention import AttentionMetadata, paged_attention, write_kv
+from ..fused_ops import FusedOps
 from .config import ModelConfig
 from .rope import apply_rope, rope_tables
 
@@ -43,14 +44,25 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm computed in float32, as the reference implementation does."""
+    """RMSNorm computed in float32, as the reference implementation does; one fused pass with
+    `ops` (CPU float32)."""
 
-    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+    def __init__(self, weight: torch.Tensor, eps: float, ops: FusedOps | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.eps = eps
+        self.ops = ops
+
+    def add_and_norm(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + y, the norm of it): the residual stream and the next block's input."""
+        if self.ops is not None and x.is_contiguous() and y.is_contiguous():
+            return self.ops.add_rms_norm(x, y, self.weight, self.eps)
+        h = x + y
+        return h, self(h)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ops is not None and x.is_contiguous():
+            return self.ops.rms_norm(x, self.weight, self.eps)
         if x.dtype == torch.float32:
             # One fused op, bit-identical to the explicit form below in float32.
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
@@ -62,8 +74,11 @@ class RMSNorm(nn.Module):
 class Attention(nn.Module):
     """Fused q/k/v projection, RoPE, paged attention and output projection."""
 
-    def __init__(self, config: ModelConfig, qkv: nn.Module, o_proj: nn.Module) -> None:
+    def __init__(
+        self, config: ModelConfig, qkv: nn.Module, o_proj: nn.Module, ops: FusedOps | None = None
+    ) -> None:
         super().__init__()
+        self.ops = ops
         self.qkv_proj = qkv
         self.o_proj = o_proj
         self.num_heads = config.num_heads
@@ -83,7 +98,11 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x).view(tokens, -1, self.head_dim)
         heads, kv_heads = self.num_heads, self.num_kv_heads
         # q and k are adjacent heads of the fused output: rotate them in one pass.
-        qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)
+        if self.ops is not None and qkv.is_contiguous():
+            self.ops.rope_(qkv, cos.contiguous(), sin.contiguous(), heads + kv_heads)
+            qk = qkv[:, : heads + kv_heads]
+        else:
+            qk = apply_rope(qkv[:, : heads + kv_heads], cos, sin)
         q, k = qk[:, :heads], qk[:, heads:]
         v = qkv[:, heads + kv_heads :]
         k_cache, v_cache = kv_cache
@@ -126,8 +145,9 @@ class DecoderLayer(nn.Module):
         kv_cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
-        result: torch.Tensor = h + self.mlp(self.post_attention_layernorm(h))
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, meta)
+        h, normed = self.post_attention_layernorm.add_and_norm(x, attended)
+        result: torch.Tensor = h + self.mlp(normed)
         return result
 
 
