@@ -63,7 +63,9 @@ def test_a_model_with_the_fused_ops_computes_what_torch_does(
     path = checkpoints("qwen2-gqa-bias")
     fused = load_model(path, dtype="float32", device="cpu", max_positions=64)
     plain = load_model(path, dtype="float32", device="cpu", max_positions=64, packed=False)
-    assert fused.norm.ops is not None and fused.layers[0].self_attn.ops is not None
-    assert plain.norm.ops is None and plain.layers[0].self_attn.ops is None
+    assert fused.norm.ops is not None
+    assert fused.layers[0].self_attn.ops is not None
+    assert plain.norm.ops is None
+    assert plain.layers[0].self_attn.ops is None
     hidden = torch.randn(9, fused.config.hidden_size)
     torch.testing.assert_close(fused.compute_logits(hidden), plain.compute_logits(hidden))
