@@ -167,6 +167,7 @@ def _layer(
         make(_concat(weights, [n + ".weight" for n in gate_up]), gate_up_bias),
         make(weights.take(mlp + "down_proj.weight"), down_bias),
         config.intermediate_size,
+        ops,
     )
     eps = config.rms_norm_eps
     return DecoderLayer(

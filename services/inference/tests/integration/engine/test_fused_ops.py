@@ -1,5 +1,5 @@
-"""The fused CPU ops (csrc/fused_ops.cpp) against torch's own: RMSNorm, add + RMSNorm and RoPE
-at every row count a step has, and a whole model with and without them."""
+"""The fused CPU ops (csrc/fused_ops.cpp) against torch's own: RMSNorm, add + RMSNorm, RoPE and
+silu(gate) * up at every row count a step has, and a whole model with and without them."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 
 from llm_inference.engine.fused_ops import load_fused_ops
 from llm_inference.engine.loader import load_model
@@ -45,6 +46,20 @@ def test_rope_rotates_only_the_first_heads_in_place(tokens: int) -> None:
     assert torch.equal(rotated[:, 4:], qkv[:, 4:])  # v heads untouched
 
 
+@pytest.mark.parametrize("rows", [0, 1, 7, 300])
+def test_silu_mul_matches_torch_over_the_whole_float_range(rows: int) -> None:
+    assert OPS is not None
+    generator = torch.Generator().manual_seed(rows)
+    gate_up = torch.randn(rows, 2, 2 * 344, generator=generator) * 6  # leading dims kept
+    extremes = torch.tensor([-1e4, -200.0, -88.5, -87.0, -20.0, -1e-6, 0.0, 1e-6, 20.0, 88.5, 1e4])
+    if rows:
+        gate_up[0, 0, : extremes.numel()] = extremes
+    gate, up = gate_up.split(344, dim=-1)
+    got = OPS.silu_mul(gate_up)
+    assert got.shape == (rows, 2, 344)
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-6, atol=1e-6)
+
+
 def test_bad_inputs_are_refused_with_a_clear_error() -> None:
     assert OPS is not None
     with pytest.raises(RuntimeError, match="float32 only"):
@@ -55,6 +70,8 @@ def test_bad_inputs_are_refused_with_a_clear_error() -> None:
         OPS.add_rms_norm(torch.randn(2, 8), torch.randn(3, 8), torch.randn(8), 1e-6)
     with pytest.raises(RuntimeError, match="shapes"):
         OPS.rope_(torch.randn(2, 4, 8), torch.randn(3, 8), torch.randn(3, 8), 2)
+    with pytest.raises(RuntimeError, match="2 \\* width"):
+        OPS.silu_mul(torch.randn(2, 7))
 
 
 def test_a_model_with_the_fused_ops_computes_what_torch_does(
@@ -67,5 +84,8 @@ def test_a_model_with_the_fused_ops_computes_what_torch_does(
     assert fused.layers[0].self_attn.ops is not None
     assert plain.norm.ops is None
     assert plain.layers[0].self_attn.ops is None
+    assert fused.layers[0].mlp.ops is not None
+    x = torch.randn(4, fused.config.hidden_size)
+    torch.testing.assert_close(fused.layers[0].mlp(x), plain.layers[0].mlp(x))
     hidden = torch.randn(9, fused.config.hidden_size)
     torch.testing.assert_close(fused.compute_logits(hidden), plain.compute_logits(hidden))

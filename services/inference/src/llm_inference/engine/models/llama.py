@@ -115,15 +115,22 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU with the gate and up projections fused into one matmul."""
 
-    def __init__(self, gate_up: nn.Module, down: nn.Module, intermediate: int) -> None:
+    def __init__(
+        self, gate_up: nn.Module, down: nn.Module, intermediate: int, ops: FusedOps | None = None
+    ) -> None:
         super().__init__()
+        self.ops = ops
         self.gate_up_proj = gate_up
         self.down_proj = down
         self.intermediate = intermediate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        result: torch.Tensor = self.down_proj(F.silu(gate) * up)
+        gate_up = self.gate_up_proj(x)
+        if self.ops is not None and gate_up.is_contiguous():
+            result: torch.Tensor = self.down_proj(self.ops.silu_mul(gate_up))
+            return result
+        gate, up = gate_up.split(self.intermediate, dim=-1)
+        result = self.down_proj(F.silu(gate) * up)
         return result
 
 
