@@ -81,5 +81,6 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (float32)");
+  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (float32)",
+        py::call_guard<py::gil_scoped_release>());  // as packed_linear
 }
