@@ -1,9 +1,9 @@
 """The CPU paged-decode kernel (csrc/paged_decode.cpp), built and cached by cpu_ext.
 
 Building takes about 45 s of CPU on first use (`make bench-model` and `make setup` do not build
-it; `python -m llm_inference.engine.paged_kernel` builds it and the packed-linear kernel ahead
-of serving). Without a compiler the engine falls back to the gather path and says so once in
-the log.
+it; `python -m llm_inference.engine.paged_kernel` builds it, the packed-linear kernel and the
+fused ops ahead of serving, for this CPU: cpu_ext). Without a compiler the engine falls back to
+the gather path and torch's own ops and says so once in the log.
 """
 
 from __future__ import annotations
