@@ -8,6 +8,8 @@
 #include <cmath>
 #include <vector>
 
+#include "vec_math.h"
+
 namespace {
 
 inline float dot(const float* a, const float* b, int64_t n) {
@@ -62,7 +64,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
         float* s = scores.data() + g * len;
         const float top = *std::max_element(s, s + len);
         float total = 0.f;
-        for (int64_t i = 0; i < len; ++i) total += (s[i] = std::exp(s[i] - top));
+#pragma omp simd reduction(+ : total)
+        for (int64_t i = 0; i < len; ++i) {
+          const float e = exp_vec(s[i] - top);  // libm's expf would be a call per score
+          s[i] = e;
+          total += e;
+        }
         const float inv = 1.f / total;
         for (int64_t i = 0; i < len; ++i) s[i] *= inv;
       }
