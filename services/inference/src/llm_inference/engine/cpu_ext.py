@@ -11,6 +11,7 @@ otherwise be loaded on an AVX2 one and die of SIGILL at the first call.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import platform
@@ -31,14 +32,21 @@ CPUINFO = Path("/proc/cpuinfo")
 _loaded: dict[str, ModuleType | None] = {}
 
 
+@functools.cache
+def _this_cpu() -> str:
+    """This machine's cpuinfo, read once per process ("" where there is none)."""
+    try:
+        return CPUINFO.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
 def cpu_signature(cpuinfo: str | None = None) -> str:
-    """8 hex digits naming this CPU's instruction set: its feature flags where the kernel lists
-    them (x86 "flags", Arm "Features"), else the machine and processor names."""
+    """8 hex digits naming this CPU's instruction set (`cpuinfo`: this machine's by default):
+    its feature flags where the kernel lists them (x86 "flags", Arm "Features"), else the
+    machine and processor names."""
     if cpuinfo is None:
-        try:
-            cpuinfo = CPUINFO.read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            cpuinfo = ""
+        cpuinfo = _this_cpu()
     features = next(
         (
             line.partition(":")[2]

@@ -127,10 +127,11 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
         if self.ops is not None and gate_up.is_contiguous():
-            result: torch.Tensor = self.down_proj(self.ops.silu_mul(gate_up))
-            return result
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        result = self.down_proj(F.silu(gate) * up)
+            activated = self.ops.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            activated = F.silu(gate) * up
+        result: torch.Tensor = self.down_proj(activated)
         return result
 
 
