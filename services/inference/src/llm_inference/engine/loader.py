@@ -13,7 +13,7 @@ from torch import nn
 from .fused_ops import FusedOps, load_fused_ops
 from .models.config import CheckpointError, ModelConfig
 from .models.llama import MLP, Attention, DecoderLayer, Linear, LlamaModel, RMSNorm
-from .packed_linear import PackedKernel, PackedLinear, load_packed_kernel
+from .packed_linear import PackedKernel, PackedLinear, PackedSwiGLU, load_packed_kernel
 from .quant import Int8Linear
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -126,6 +126,15 @@ class _LinearFactory:
         wide = weight.shape[0] > weight.shape[1]
         return Linear(weight, bias, transposed=self._transpose_wide and wide)
 
+    def gate_up(
+        self, gate: torch.Tensor, up: torch.Tensor, bias: torch.Tensor | None
+    ) -> tuple[nn.Module, bool]:
+        """The MLP's first half: (module, whether it applies SwiGLU itself). With the packed
+        kernel and no biases one call gives silu(gate) * up; otherwise one fused matmul."""
+        if self._kernel is not None and bias is None:
+            return PackedSwiGLU(gate, up, self._kernel), True
+        return self(torch.cat([gate, up], dim=0), bias), False
+
 
 def _concat(weights: _Weights, names: list[str]) -> torch.Tensor:
     """Required tensors concatenated along the output dimension (a fused projection)."""
@@ -163,11 +172,15 @@ def _layer(
     gate_up = [f"{mlp}{p}_proj" for p in ("gate", "up")]
     gate_up_bias = _concat_optional(weights, [n + ".bias" for n in gate_up])
     down_bias = weights.take(mlp + "down_proj.bias") if config.mlp_bias else None
+    gate_up_proj, activates = make.gate_up(
+        weights.take(gate_up[0] + ".weight"), weights.take(gate_up[1] + ".weight"), gate_up_bias
+    )
     feed_forward = MLP(
-        make(_concat(weights, [n + ".weight" for n in gate_up]), gate_up_bias),
+        gate_up_proj,
         make(weights.take(mlp + "down_proj.weight"), down_bias),
         config.intermediate_size,
         ops,
+        activates=activates,
     )
     eps = config.rms_norm_eps
     return DecoderLayer(

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F  # noqa: N812
 from safetensors.torch import load_file, save_file
 
 from llm_common.config import ConfigError
@@ -18,7 +19,7 @@ from llm_inference.engine.core import EngineCore
 from llm_inference.engine.kv_cache import bytes_per_block
 from llm_inference.engine.loader import INDEX_FILE, load_model
 from llm_inference.engine.models.config import CheckpointError
-from llm_inference.engine.packed_linear import PackedLinear, load_packed_kernel
+from llm_inference.engine.packed_linear import PackedLinear, PackedSwiGLU, load_packed_kernel
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
@@ -73,11 +74,18 @@ def test_cpu_float32_layers_are_packed_and_match_the_checkpoint(
     for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.down_proj):
         assert isinstance(linear, PackedLinear)
     assert isinstance(model.lm_head, PackedLinear)  # untied
+    assert isinstance(layer.mlp.gate_up_proj, PackedSwiGLU)
+    assert layer.mlp.activates
     x = torch.randn(5, 96)
     down = tensors["model.layers.0.mlp.down_proj.weight"]
     torch.testing.assert_close(layer.mlp.down_proj(x), x @ down.T)
+    x = torch.randn(5, 64)
+    gate = x @ tensors["model.layers.0.mlp.gate_proj.weight"].T
+    up = x @ tensors["model.layers.0.mlp.up_proj.weight"].T
+    torch.testing.assert_close(layer.mlp.gate_up_proj(x), F.silu(gate) * up)
     half = load_model(path, dtype="bfloat16", device="cpu", max_positions=64)
     assert not isinstance(half.layers[0].mlp.down_proj, PackedLinear)
+    assert not half.layers[0].mlp.activates
     tied = load_model(
         checkpoints("llama-mha-tied"), dtype="float32", device="cpu", max_positions=64
     )

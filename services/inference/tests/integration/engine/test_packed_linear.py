@@ -8,7 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from llm_inference.engine.packed_linear import PackedLinear, load_packed_kernel, pack
+from llm_inference.engine.fused_ops import load_fused_ops
+from llm_inference.engine.packed_linear import (
+    PackedLinear,
+    PackedSwiGLU,
+    load_packed_kernel,
+    pack,
+    pack_pairs,
+)
 
 KERNEL = load_packed_kernel()
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="no C++ toolchain for the kernel")
@@ -25,6 +32,39 @@ def test_matches_torch_linear(rows: int, k_len: int, n_out: int) -> None:
     layer = PackedLinear(weight, bias, KERNEL)
     assert layer.out_features == n_out
     torch.testing.assert_close(layer(x), F.linear(x, weight, bias), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5, 6, 7, 33, 130])
+@pytest.mark.parametrize(("k_len", "n_out"), [(64, 96), (37, 100), (128, 1), (16, 32)])
+def test_swiglu_in_the_kernel_equals_projection_then_activation(
+    rows: int, k_len: int, n_out: int
+) -> None:
+    """Bit for bit the packed gate/up projection followed by the fused ops' silu_mul (same
+    products in the same order, same silu), and torch's SwiGLU within float32 rounding."""
+    ops = load_fused_ops()
+    assert KERNEL is not None
+    assert ops is not None
+    generator = torch.Generator().manual_seed(rows * 100 + k_len + n_out)
+    gate, up = torch.randn(2, n_out, k_len, generator=generator)
+    x = torch.randn(rows, k_len, generator=generator)
+    fused = PackedSwiGLU(gate, up, KERNEL)
+    assert fused.out_features == n_out
+    two_steps = ops.silu_mul(PackedLinear(torch.cat([gate, up]), None, KERNEL)(x))
+    assert torch.equal(fused(x), two_steps)
+    torch.testing.assert_close(fused(x), F.silu(x @ gate.T) * (x @ up.T), rtol=1e-5, atol=1e-4)
+
+
+def test_pairs_share_a_panel_half_and_half() -> None:
+    assert KERNEL is not None
+    panel = KERNEL.panel_width()
+    half = panel // 2
+    gate = torch.arange(3 * 4, dtype=torch.float32).view(3, 4)
+    packed = pack_pairs(gate, -gate, panel)
+    assert packed.shape == (1, 4, panel)
+    torch.testing.assert_close(packed[0, :, :3], gate.T)
+    torch.testing.assert_close(packed[0, :, half : half + 3], -gate.T)
+    assert bool((packed[0, :, 3:half] == 0).all())
+    assert bool((packed[0, :, half + 3 :] == 0).all())
 
 
 def test_leading_dimensions_and_non_contiguous_input() -> None:
@@ -54,3 +94,5 @@ def test_bad_inputs_are_refused_with_a_clear_error() -> None:
         KERNEL.packed_linear(torch.randn(2, 15), packed, 8)
     with pytest.raises(RuntimeError, match="shapes disagree"):
         KERNEL.packed_linear(torch.randn(2, 16), packed, KERNEL.panel_width() + 1)
+    with pytest.raises(RuntimeError, match="packed_swiglu: shapes disagree"):
+        KERNEL.packed_swiglu(torch.randn(2, 16), packed, KERNEL.panel_width() // 2 + 1)

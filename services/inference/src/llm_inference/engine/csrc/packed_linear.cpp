@@ -2,12 +2,15 @@
 // output columns: packed[p][k][j] = W[p * NR + j][k] (zero past N). A panel is read front to
 // back, once per MR rows of x, so the weights stream sequentially from memory and each loaded
 // vector feeds MR fused multiply-adds; no per-call packing (what makes BLAS slow at the
-// 1-64 rows of a decode step). Accumulation is in float32, in k order.
+// 1-64 rows of a decode step). Accumulation is in float32, in k order. packed_swiglu applies
+// SwiGLU to each tile of a gate/up panel pair as it is made (the MLP's first half in one call).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstring>
+
+#include "vec_math.h"
 
 namespace {
 
@@ -49,33 +52,71 @@ void tile_upto(int rows, const float* x, const float* panel, int64_t k_len, floa
   tile<R>(x, panel, k_len, out);
 }
 
+void check_inputs(const torch::Tensor& x, const torch::Tensor& packed, const char* name) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && packed.scalar_type() == torch::kFloat32,
+              name, ": float32 only");
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(2) == kPanel,
+              name, ": x [M, K], packed [P, K, ", kPanel, "]");
+  TORCH_CHECK(x.is_contiguous() && packed.is_contiguous(), name, ": contiguous inputs");
+  TORCH_CHECK(packed.size(1) == x.size(1), name, ": shapes disagree");
+}
+
+// Every (panel, row tile) product of x and the packed panels, handed to store(p, m0, rows,
+// tile) with tile [rows, kPanel]; panels are split between threads.
+template <typename Store>
+void for_each_tile(const torch::Tensor& x, const torch::Tensor& packed, const Store& store) {
+  const int64_t m_len = x.size(0), k_len = x.size(1), panels = packed.size(0);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = packed.data_ptr<float>();
+  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+    alignas(64) float out[kRows * kPanel];
+    for (int64_t p = p0; p < p1; ++p) {
+      for (int64_t m0 = 0; m0 < m_len; m0 += kRows) {
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, m_len - m0));
+        tile_upto<kRows>(rows, xp + m0 * k_len, wp + p * k_len * kPanel, k_len, out);
+        store(p, m0, rows, out);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 // x [M, K] float32 contiguous; packed [P, K, kPanel] float32 contiguous, P = ceil(N / kPanel).
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t n_out) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat32 && packed.scalar_type() == torch::kFloat32,
-              "packed_linear: float32 only");
-  TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(2) == kPanel,
-              "packed_linear: x [M, K], packed [P, K, ", kPanel, "]");
-  TORCH_CHECK(x.is_contiguous() && packed.is_contiguous(), "packed_linear: contiguous inputs");
-  const int64_t m_len = x.size(0), k_len = x.size(1), panels = packed.size(0);
-  TORCH_CHECK(packed.size(1) == k_len && n_out > (panels - 1) * kPanel && n_out <= panels * kPanel,
+  check_inputs(x, packed, "packed_linear");
+  const int64_t panels = packed.size(0);
+  TORCH_CHECK(n_out > (panels - 1) * kPanel && n_out <= panels * kPanel,
               "packed_linear: shapes disagree");
-  auto y = torch::empty({m_len, n_out}, x.options());
-  if (m_len == 0) return y;
-  const float* xp = x.data_ptr<float>();
-  const float* wp = packed.data_ptr<float>();
+  auto y = torch::empty({x.size(0), n_out}, x.options());
   float* yp = y.data_ptr<float>();
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
-    alignas(64) float out[kRows * kPanel];
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n0 = p * kPanel, width = std::min<int64_t>(kPanel, n_out - n0);
-      for (int64_t m0 = 0; m0 < m_len; m0 += kRows) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, m_len - m0));
-        tile_upto<kRows>(rows, xp + m0 * k_len, wp + p * k_len * kPanel, k_len, out);
-        for (int64_t i = 0; i < rows; ++i)
-          std::memcpy(yp + (m0 + i) * n_out + n0, out + i * kPanel, width * sizeof(float));
-      }
+  for_each_tile(x, packed, [&](int64_t p, int64_t m0, int rows, const float* tile) {
+    const int64_t n0 = p * kPanel, width = std::min<int64_t>(kPanel, n_out - n0);
+    for (int64_t i = 0; i < rows; ++i)
+      std::memcpy(yp + (m0 + i) * n_out + n0, tile + i * kPanel, width * sizeof(float));
+  });
+  return y;
+}
+
+// SwiGLU's gate and up projections with the activation applied to each tile as it is made:
+// panel p holds gate rows [p * H, p * H + H) in its first H columns and the matching up rows
+// in the last H (H = kPanel / 2, pack_pairs in packed_linear.py). Returns silu(gate) * up
+// [M, n_out] without writing the two projections out; silu as fused_ops' silu_mul computes it.
+torch::Tensor packed_swiglu(torch::Tensor x, torch::Tensor packed, int64_t n_out) {
+  check_inputs(x, packed, "packed_swiglu");
+  constexpr int64_t half = kPanel / 2;
+  const int64_t panels = packed.size(0);
+  TORCH_CHECK(n_out > (panels - 1) * half && n_out <= panels * half,
+              "packed_swiglu: shapes disagree");
+  auto y = torch::empty({x.size(0), n_out}, x.options());
+  float* yp = y.data_ptr<float>();
+  for_each_tile(x, packed, [&](int64_t p, int64_t m0, int rows, const float* tile) {
+    const int64_t n0 = p * half, width = std::min<int64_t>(half, n_out - n0);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float *g = tile + i * kPanel, *u = g + half;
+      float* o = yp + (m0 + i) * n_out + n0;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) o[j] = g[j] / (1.0f + exp_vec(-g[j])) * u[j];
     }
   });
   return y;
@@ -87,6 +128,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The GIL is released while it runs (milliseconds): the event loop delivering tokens
   // works meanwhile instead of between kernels.
   m.def("packed_linear", &packed_linear, "x @ W^T with W packed in panels (float32, CPU)",
+        py::call_guard<py::gil_scoped_release>());
+  m.def("packed_swiglu", &packed_swiglu,
+        "silu(x @ G^T) * (x @ U^T) with G and U packed in half panels (float32, CPU)",
         py::call_guard<py::gil_scoped_release>());
   m.def("panel_width", &panel_width, "output columns per packed panel");
 }

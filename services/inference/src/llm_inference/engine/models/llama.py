@@ -113,20 +113,29 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU with the gate and up projections fused into one matmul."""
+    """SwiGLU with the gate and up projections fused into one matmul (activates: that module
+    also applies silu(gate) * up, the packed CPU kernel's PackedSwiGLU)."""
 
     def __init__(
-        self, gate_up: nn.Module, down: nn.Module, intermediate: int, ops: FusedOps | None = None
+        self,
+        gate_up: nn.Module,
+        down: nn.Module,
+        intermediate: int,
+        ops: FusedOps | None = None,
+        activates: bool = False,
     ) -> None:
         super().__init__()
         self.ops = ops
         self.gate_up_proj = gate_up
         self.down_proj = down
         self.intermediate = intermediate
+        self.activates = activates
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.ops is not None and gate_up.is_contiguous():
+        if self.activates:
+            activated = gate_up
+        elif self.ops is not None and gate_up.is_contiguous():
             activated = self.ops.silu_mul(gate_up)
         else:
             gate, up = gate_up.split(self.intermediate, dim=-1)
