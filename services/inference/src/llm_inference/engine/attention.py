@@ -7,8 +7,10 @@ The cache of a layer is [num_blocks, kv_heads, block_size, head_dim]; viewed as 
 Tokens of one step are laid out flat: first the single-token rows (decodes), batched into groups
 with a padding mask, then each multi-token span (a prefill chunk) with its own causal mask.
 
-With the paged kernel (paged_kernel.py; CPU, float32) decode rows skip the gather: one call
-attends over every row's blocks in place through the block tables (docs/adr, "paged decode").
+With the paged kernel (paged_kernel.py; CPU, float32) nothing is gathered: one call attends
+over every row's blocks in place through the block tables, decode rows and prefill chunks alike
+(a chunk's row i sees its first start + i + 1 keys, so causal needs no mask; docs/adr, "paged
+decode").
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ class DecodeGroup:
 
 @dataclass(frozen=True, slots=True)
 class PagedDecode:
-    """Single-token rows [start, start+size) attended in place by the paged kernel."""
+    """Query rows [start, start+size) attended in place by the paged kernel."""
 
     start: int
     size: int
-    tables: torch.Tensor  # [size, max_blocks] int64 block ids (0-padded past each row's end)
+    tables: torch.Tensor  # [seqs, max_blocks] int64 block ids (0-padded past each seq's end)
+    table_rows: torch.Tensor  # [size] int64: the tables row of each query row
     lens: torch.Tensor  # [size] int64 keys per row
     kernel: PagedDecodeFn
 
@@ -102,7 +105,8 @@ def paged_attention(
     if meta.paged is not None:
         p = meta.paged
         rows = slice(p.start, p.start + p.size)
-        out[rows] = p.kernel(q[rows].contiguous(), k_cache, v_cache, p.tables, p.lens, scale)
+        q_rows = q[rows].contiguous()
+        out[rows] = p.kernel(q_rows, k_cache, v_cache, p.tables, p.table_rows, p.lens, scale)
     for group in meta.decode_groups:
         rows = slice(group.start, group.start + group.size)
         keys = _gather(k_cache, group.gather_index, group.size, kv_heads, k_space)

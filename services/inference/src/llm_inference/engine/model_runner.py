@@ -76,18 +76,15 @@ class ModelRunner:
         singles = sorted(
             (c for c in chunks if c.num_tokens == 1), key=lambda c: c.start, reverse=True
         )
-        # With the paged kernel a drafted chunk's positions are decode rows over one table
-        # (row i sees start + i + 1 keys: causal without a mask); otherwise a prefill span.
-        drafted = [c for c in chunks if c.num_draft]
-        use_paged = self.paged_kernel is not None
-        drafted = drafted if use_paged else []
-        multis = [c for c in chunks if c.num_tokens > 1 and not (drafted and c.num_draft)]
-        ordered = [*singles, *drafted, *multis]
+        multis = [c for c in chunks if c.num_tokens > 1]
+        ordered = [*singles, *multis]
         input_ids, positions, write_index = self._flatten(ordered)
-        paged = self._paged_decode([*singles, *drafted]) if use_paged else None
+        # With the paged kernel every position is a row over its sequence's table (a chunk's
+        # row i sees start + i + 1 keys: causal without a mask); otherwise decode groups
+        # gather their blocks and each multi-token chunk is a prefill span.
+        paged = self._paged_rows(ordered)
         groups = self._decode_groups(singles) if paged is None else ()
-        paged_rows = paged.size if paged is not None else len(singles)
-        prefills = self._prefill_spans(multis, start=paged_rows)
+        prefills = self._prefill_spans(multis, start=len(singles)) if paged is None else ()
         gathered = [g.gather_index.shape[0] for g in groups] + [
             p.gather_index.shape[0] for p in prefills if p.gather_index is not None
         ]
@@ -150,20 +147,24 @@ class ModelRunner:
         write_index = write_slots(flat_blocks, flat_positions % size, self._kv_heads, size)
         return np.asarray(input_ids, dtype=np.int64), flat_positions, write_index
 
-    def _paged_decode(self, chunks: Seq[ScheduledChunk]) -> PagedDecode | None:
-        """Every position of `chunks` as a kernel row: its block table and key count."""
+    def _paged_rows(self, chunks: Seq[ScheduledChunk]) -> PagedDecode | None:
+        """Every position of `chunks` as a kernel row: its key count and its chunk's table."""
         if self.paged_kernel is None or not chunks:
             return None
         size = self.block_size
         lens = np.concatenate([np.arange(c.start + 1, c.end + 1, dtype=np.int64) for c in chunks])
-        tables = np.zeros((len(lens), -(-int(lens.max()) // size)), dtype=np.int64)
-        row = 0
-        for chunk in chunks:
+        tables = np.zeros((len(chunks), -(-int(lens.max()) // size)), dtype=np.int64)
+        for i, chunk in enumerate(chunks):
             used = -(-chunk.end // size)
-            tables[row : row + chunk.num_tokens, :used] = chunk.seq.block_table[:used]
-            row += chunk.num_tokens
+            tables[i, :used] = chunk.seq.block_table[:used]
+        table_rows = np.repeat(np.arange(len(chunks)), [c.num_tokens for c in chunks])
         return PagedDecode(
-            0, len(lens), self._tensor(tables), self._tensor(lens), self.paged_kernel
+            0,
+            len(lens),
+            self._tensor(tables),
+            self._tensor(table_rows),
+            self._tensor(lens),
+            self.paged_kernel,
         )
 
     def _decode_groups(self, singles: Seq[ScheduledChunk]) -> tuple[DecodeGroup, ...]:

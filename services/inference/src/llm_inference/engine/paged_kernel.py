@@ -18,14 +18,16 @@ from .cpu_ext import load_extension
 from .fused_ops import load_fused_ops
 from .packed_linear import load_packed_kernel
 
+# (q, k_cache, v_cache, tables, table_rows, lens, scale) -> attention output; csrc/paged_decode.cpp.
 PagedDecodeFn = Callable[
-    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float],
+    torch.Tensor,
 ]
 
 
 def load_kernel() -> PagedDecodeFn | None:
     """The compiled paged_decode function, or None when it cannot be built here."""
-    module = load_extension("llm_paged_decode_v4", "paged_decode.cpp", "paged decode kernel")
+    module = load_extension("llm_paged_decode_v5", "paged_decode.cpp", "paged decode kernel")
     if module is None:
         return None
     fn: PagedDecodeFn = module.paged_decode

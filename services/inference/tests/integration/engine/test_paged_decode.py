@@ -29,6 +29,7 @@ def _reference(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     tables: torch.Tensor,
+    table_rows: torch.Tensor,
     lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
@@ -37,7 +38,7 @@ def _reference(
     out = torch.empty_like(q)
     for r in range(q.shape[0]):
         n = int(lens[r])
-        picked = tables[r, : -(-n // block)]
+        picked = tables[table_rows[r], : -(-n // block)]
         keys = k_cache[picked].transpose(0, 1).flatten(1, 2)[:, :n]  # [kv_heads, n, dim]
         values = v_cache[picked].transpose(0, 1).flatten(1, 2)[:, :n]
         keys = keys.repeat_interleave(heads // kv_heads, dim=0)
@@ -61,14 +62,16 @@ def test_kernel_matches_attention_over_the_block_table(
     blocks, block = 64, 4
     k_cache = torch.randn(blocks, kv_heads, block, head_dim, generator=gen)
     v_cache = torch.randn(blocks, kv_heads, block, head_dim, generator=gen)
-    lens = torch.tensor([1, 4, 5, 23, 37])  # one key, whole blocks, ragged last blocks
+    # One key, whole blocks, ragged last blocks; rows 3-5 share a table (a prefill chunk:
+    # one more key each).
+    lens = torch.tensor([1, 4, 5, 23, 24, 25, 37])
+    table_rows = torch.tensor([0, 1, 2, 3, 3, 3, 4])
     tables = torch.randperm(blocks, generator=gen)[: 5 * 10].view(5, 10).contiguous()
-    q = torch.randn(5, heads, head_dim, generator=gen)
+    q = torch.randn(7, heads, head_dim, generator=gen)
     scale = head_dim**-0.5
-    got = kernel(q, k_cache, v_cache, tables, lens, scale)
-    torch.testing.assert_close(
-        got, _reference(q, k_cache, v_cache, tables, lens, scale), atol=1e-5, rtol=1e-5
-    )
+    got = kernel(q, k_cache, v_cache, tables, table_rows, lens, scale)
+    want = _reference(q, k_cache, v_cache, tables, table_rows, lens, scale)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

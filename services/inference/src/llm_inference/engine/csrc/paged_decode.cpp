@@ -1,6 +1,8 @@
-// Decode attention straight from the paged KV cache: no gather into a contiguous buffer.
-// One task per (sequence, KV head) reads its keys and values block by block through the block
-// table; the query heads sharing that KV head (GQA) are scored together. float32, CPU.
+// Attention straight from the paged KV cache: no gather into a contiguous buffer. Each query
+// row has its own key count and names its sequence's block table, so one call serves decode
+// rows, drafted positions and prefill chunks alike (row i of a chunk starting at position s
+// sees s + i + 1 keys: causal without a mask, and the masked half is never computed). One task
+// per (row, KV head) reads the keys and values block by block through the table. float32, CPU.
 //
 // Head sizes that are a multiple of the vector width take a register-blocked path: a query
 // head's vectors and its output accumulator stay in registers while the keys (then values)
@@ -154,21 +156,26 @@ Loops pick(int64_t dim) {
 
 }  // namespace
 
-// q [rows, heads, dim]; caches [blocks, kv_heads, block_size, dim]; tables [rows, max_blocks]
-// (int64); lens [rows] (int64, keys per row). Returns [rows, heads, dim].
+// q [rows, heads, dim]; caches [blocks, kv_heads, block_size, dim]; tables [seqs, max_blocks]
+// (int64); table_rows [rows] (int64, the tables row of each query row); lens [rows] (int64,
+// keys per row). Returns [rows, heads, dim].
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                           torch::Tensor tables, torch::Tensor lens, double scale) {
+                           torch::Tensor tables, torch::Tensor table_rows, torch::Tensor lens,
+                           double scale) {
   TORCH_CHECK(q.scalar_type() == torch::kFloat32 && k_cache.scalar_type() == torch::kFloat32,
               "paged_decode: float32 only");
   TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
-                  tables.is_contiguous() && lens.is_contiguous(),
+                  tables.is_contiguous() && table_rows.is_contiguous() && lens.is_contiguous(),
               "paged_decode: contiguous inputs");
+  TORCH_CHECK(table_rows.size(0) == q.size(0) && lens.size(0) == q.size(0),
+              "paged_decode: one table row and one length per query row");
   const int64_t rows = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t kv_heads = k_cache.size(1), block = k_cache.size(2);
   const int64_t group = heads / kv_heads, max_blocks = tables.size(1);
   auto out = torch::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const int64_t* tp = tables.data_ptr<int64_t>();
+  const int64_t* trp = table_rows.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const float fscale = static_cast<float>(scale);
@@ -179,7 +186,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / kv_heads, h = task % kv_heads;
-      const Task t{kp, vp, tp + r * max_blocks, lp[r], block, dim, kv_heads, h};
+      const Task t{kp, vp, tp + trp[r] * max_blocks, lp[r], block, dim, kv_heads, h};
       scores.resize(t.len);
       for (int64_t g = 0; g < group; ++g) {
         const int64_t at = (r * heads + h * group + g) * dim;
@@ -193,6 +200,6 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over the paged KV cache (float32)",
+  m.def("paged_decode", &paged_decode, "attention over the paged KV cache (float32)",
         py::call_guard<py::gil_scoped_release>());  // as packed_linear
 }
