@@ -19,6 +19,9 @@ from .scheduler import ScheduledChunk
 # a new group starts when a row's context is under this fraction of the group's longest.
 GROUP_SPLIT_RATIO = 0.6
 MIN_GROUP_SIZE = 4
+# The paged kernel reads a row's keys once per row: past this context a chunk's rows would
+# stream its K/V from memory again and again, where the prefill path's matmuls tile them.
+PAGED_CHUNK_MAX_CONTEXT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,15 +79,19 @@ class ModelRunner:
         singles = sorted(
             (c for c in chunks if c.num_tokens == 1), key=lambda c: c.start, reverse=True
         )
-        multis = [c for c in chunks if c.num_tokens > 1]
-        ordered = [*singles, *multis]
-        input_ids, positions, write_index = self._flatten(ordered)
         # With the paged kernel every position is a row over its sequence's table (a chunk's
-        # row i sees start + i + 1 keys: causal without a mask); otherwise decode groups
-        # gather their blocks and each multi-token chunk is a prefill span.
-        paged = self._paged_rows(ordered)
+        # row i sees start + i + 1 keys: causal without a mask), but for chunks of long
+        # contexts; otherwise decode groups gather their blocks. Other multi-token chunks are
+        # prefill spans.
+        multis = [c for c in chunks if c.num_tokens > 1]
+        rowed = [c for c in multis if self._in_kernel(c)]
+        spans = [c for c in multis if not self._in_kernel(c)]
+        ordered = [*singles, *rowed, *spans]
+        input_ids, positions, write_index = self._flatten(ordered)
+        paged = self._paged_rows([*singles, *rowed])
         groups = self._decode_groups(singles) if paged is None else ()
-        prefills = self._prefill_spans(multis, start=len(singles)) if paged is None else ()
+        before = len(singles) + sum(c.num_tokens for c in rowed)
+        prefills = self._prefill_spans(spans, start=before)
         gathered = [g.gather_index.shape[0] for g in groups] + [
             p.gather_index.shape[0] for p in prefills if p.gather_index is not None
         ]
@@ -146,6 +153,10 @@ class ModelRunner:
         flat_blocks = np.concatenate(blocks)
         write_index = write_slots(flat_blocks, flat_positions % size, self._kv_heads, size)
         return np.asarray(input_ids, dtype=np.int64), flat_positions, write_index
+
+    def _in_kernel(self, chunk: ScheduledChunk) -> bool:
+        """Whether a multi-token chunk's rows go to the paged kernel."""
+        return self.paged_kernel is not None and chunk.end <= PAGED_CHUNK_MAX_CONTEXT
 
     def _paged_rows(self, chunks: Seq[ScheduledChunk]) -> PagedDecode | None:
         """Every position of `chunks` as a kernel row: its key count and its chunk's table."""

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from llm_inference.engine import model_runner
 from llm_inference.engine.api import SamplingOptions
 from llm_inference.engine.paged_kernel import load_kernel
 
@@ -103,6 +104,32 @@ def test_paged_decode_greedy_matches_transformers(
     outputs = kit.run_to_completion(core, [(f"r{i}", p, greedy) for i, p in enumerate(prompts)])
     for i, prompt in enumerate(prompts):
         assert outputs[f"r{i}"] == kit.hf_greedy(hf_models(path), prompt, 20)
+
+
+def test_long_context_chunks_take_the_prefill_path_in_the_same_step(
+    checkpoints: Callable[[str], Path], hf_models: Any, kit: Any, monkeypatch: Any
+) -> None:
+    """Chunks past the kernel's context limit are prefill spans next to kernel rows (decodes
+    and short chunks) in one step; chunked prefill crosses the limit mid-prompt."""
+    monkeypatch.setattr(model_runner, "PAGED_CHUNK_MAX_CONTEXT", 24)
+    mixed: list[int] = []  # prefill spans of steps that also had kernel rows
+    spans_of = model_runner.ModelRunner._prefill_spans
+
+    def recording(runner: Any, chunks: Any, start: int) -> Any:
+        spans = spans_of(runner, chunks, start)
+        if start > 0:
+            mixed.append(len(spans))
+        return spans
+
+    monkeypatch.setattr(model_runner.ModelRunner, "_prefill_spans", recording)
+    path = checkpoints("llama-gqa-untied")
+    core = kit.make_core(path, attention_backend="paged", max_batched_tokens=32)
+    prompts = kit.random_prompts(5, [7, 20, 45, 30])
+    greedy = SamplingOptions(temperature=0.0, max_tokens=12, ignore_eos=True)
+    outputs = kit.run_to_completion(core, [(f"r{i}", p, greedy) for i, p in enumerate(prompts)])
+    for i, prompt in enumerate(prompts):
+        assert outputs[f"r{i}"] == kit.hf_greedy(hf_models(path), prompt, 12)
+    assert any(mixed)
 
 
 def test_auto_uses_the_kernel_on_cpu_float32_and_gather_forces_it_off(
