@@ -32,4 +32,4 @@ class FusedOps(Protocol):
 
 def load_fused_ops() -> FusedOps | None:
     """The compiled operations, or None when they cannot be built here."""
-    return load_extension("llm_fused_ops_v3", "fused_ops.cpp", "fused CPU ops")
+    return load_extension("llm_fused_ops_v4", "fused_ops.cpp", "fused CPU ops")

@@ -29,7 +29,7 @@ class PackedKernel(Protocol):
 
 def load_packed_kernel() -> PackedKernel | None:
     """The compiled kernel, or None when it cannot be built here."""
-    module = load_extension("llm_packed_linear_v4", "packed_linear.cpp", "packed linear kernel")
+    module = load_extension("llm_packed_linear_v5", "packed_linear.cpp", "packed linear kernel")
     return module  # a module: its attributes satisfy the protocol structurally
 
 

@@ -54,6 +54,20 @@ def test_swiglu_in_the_kernel_equals_projection_then_activation(
     torch.testing.assert_close(fused(x), F.silu(x @ gate.T) * (x @ up.T), rtol=1e-5, atol=1e-4)
 
 
+def test_layers_large_enough_to_thread_match_torch() -> None:
+    """Big enough that the panels are split between threads (work_split.h): same results."""
+    assert KERNEL is not None
+    generator = torch.Generator().manual_seed(7)
+    gate, up = torch.randn(2, 1000, 1024, generator=generator)
+    x = torch.randn(64, 1024, generator=generator)
+    torch.testing.assert_close(
+        PackedLinear(gate, None, KERNEL)(x), x @ gate.T, rtol=1e-5, atol=1e-3
+    )
+    torch.testing.assert_close(
+        PackedSwiGLU(gate, up, KERNEL)(x), F.silu(x @ gate.T) * (x @ up.T), rtol=1e-4, atol=1e-2
+    )
+
+
 def test_pairs_share_a_panel_half_and_half() -> None:
     assert KERNEL is not None
     panel = KERNEL.panel_width()

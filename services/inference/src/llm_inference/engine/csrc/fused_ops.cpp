@@ -11,12 +11,13 @@
 #include <tuple>
 
 #include "vec_math.h"
+#include "work_split.h"
 
 namespace {
 
-constexpr int64_t kGrainElements = 1 << 14;  // ~64 KB of a row block per task
-
-int64_t grain(int64_t width) { return std::max<int64_t>(1, kGrainElements / width); }
+// Rows per thread chunk for rows of `width` elements: each element read and written once with a
+// few operations on it (work_split.h: a chunk must outweigh waking a thread).
+int64_t grain(int64_t width) { return work_split::grain(8.0 * width, 12.0 * width); }
 
 void check_rows(const torch::Tensor& x, const torch::Tensor& w, const char* what) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && w.scalar_type() == torch::kFloat32, what,

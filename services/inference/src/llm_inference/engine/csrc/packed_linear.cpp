@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "vec_math.h"
+#include "work_split.h"
 
 namespace {
 
@@ -62,13 +63,15 @@ void check_inputs(const torch::Tensor& x, const torch::Tensor& packed, const cha
 }
 
 // Every (panel, row tile) product of x and the packed panels, handed to store(p, m0, rows,
-// tile) with tile [rows, kPanel]; panels are split between threads.
+// tile) with tile [rows, kPanel]; panels are split between threads when there is enough work.
 template <typename Store>
 void for_each_tile(const torch::Tensor& x, const torch::Tensor& packed, const Store& store) {
   const int64_t m_len = x.size(0), k_len = x.size(1), panels = packed.size(0);
   const float* xp = x.data_ptr<float>();
   const float* wp = packed.data_ptr<float>();
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+  // A panel: its multiply-adds for every row, and reading its weights once.
+  const int64_t grain = work_split::grain(2.0 * m_len * k_len * kPanel, 4.0 * k_len * kPanel);
+  at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
     alignas(64) float out[kRows * kPanel];
     for (int64_t p = p0; p < p1; ++p) {
       for (int64_t m0 = 0; m0 < m_len; m0 += kRows) {

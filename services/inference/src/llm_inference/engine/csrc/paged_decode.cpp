@@ -19,6 +19,7 @@
 #endif
 
 #include "vec_math.h"
+#include "work_split.h"
 
 namespace {
 
@@ -182,7 +183,12 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   const Loops loops = pick(dim);
   const float* kp = k_cache.data_ptr<float>();
   const float* vp = v_cache.data_ptr<float>();
-  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // A task (row, KV head) on average: its keys and values read, group scores and mixes each.
+  double keys = 0.0;
+  for (int64_t r = 0; r < rows; ++r) keys += static_cast<double>(lp[r]);
+  keys /= std::max<int64_t>(rows, 1);
+  const int64_t grain = work_split::grain(4.0 * keys * group * dim, 8.0 * keys * dim);
+  at::parallel_for(0, rows * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / kv_heads, h = task % kv_heads;

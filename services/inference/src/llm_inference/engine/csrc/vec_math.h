@@ -1,6 +1,6 @@
 // Vectorisable float32 math shared by the CPU kernels. torch's extension builder hashes the
 // .cpp sources only: when this header changes, bump the names of the kernels that include it
-// (paged_kernel.py, fused_ops.py) so cached builds are not reused.
+// (paged_kernel.py, fused_ops.py, packed_linear.py) so cached builds are not reused.
 #pragma once
 
 #include <cstdint>
