@@ -134,6 +134,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"{spec['acceptance']:.1%}, identical {spec['identical_greedy_output']}, "
         f"{spec['tokens_per_step_on']:.2f} tokens/step; step ms by rows {spec['step_ms_by_rows']}"
     )
+    ceiling = spec["lookup_ceiling"]
+    print(
+        f"  prompt-lookup ceiling on these outputs: {ceiling['best_tokens_per_step']:.2f} "
+        f"tokens/step (best of {ceiling['settings_tried']} settings: {ceiling['best_setting']})"
+    )
     prefix = summary["shared_prefix"]
     for mode in ("burst", "sequential"):
         with_cache = prefix["with_cache"][mode]["mean_ttft_ms"]

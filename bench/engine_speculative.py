@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_decode import step_rows_ms
+from engine_spec_replay import lookup_ceiling
 
 from llm_inference.engine.api import SamplingOptions
 from llm_inference.engine.config import EngineConfig
@@ -113,4 +114,7 @@ def bench_speculative(model_dir: Path, draft_tokens: int, rounds: int) -> dict[s
         # What a verification costs: a step of 1 row vs 1 + draft rows (context 256). The
         # speedup is at most tokens_per_step_on / this ratio (when per-step overhead is nil).
         "step_ms_by_rows": step_rows_ms(plain, (1, 1 + draft_tokens)),
+        # The most any prompt-lookup setting could emit per step on these outputs: the
+        # speedup's ceiling when verification is free (engine_spec_replay).
+        "lookup_ceiling": lookup_ceiling(prompts, best_plain.outputs),
     }
