@@ -53,13 +53,19 @@ void tile_upto(int rows, const float* x, const float* panel, int64_t k_len, floa
   tile<R>(x, panel, k_len, out);
 }
 
-void check_inputs(const torch::Tensor& x, const torch::Tensor& packed, const char* name) {
+// The checked inputs' output tensor [M, n_out], each panel giving `per_panel` output columns.
+torch::Tensor output_for(const torch::Tensor& x, const torch::Tensor& packed, int64_t n_out,
+                         int64_t per_panel, const char* name) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32 && packed.scalar_type() == torch::kFloat32,
               name, ": float32 only");
   TORCH_CHECK(x.dim() == 2 && packed.dim() == 3 && packed.size(2) == kPanel,
               name, ": x [M, K], packed [P, K, ", kPanel, "]");
   TORCH_CHECK(x.is_contiguous() && packed.is_contiguous(), name, ": contiguous inputs");
-  TORCH_CHECK(packed.size(1) == x.size(1), name, ": shapes disagree");
+  const int64_t panels = packed.size(0);
+  TORCH_CHECK(packed.size(1) == x.size(1) && n_out > (panels - 1) * per_panel &&
+                  n_out <= panels * per_panel,
+              name, ": shapes disagree");
+  return torch::empty({x.size(0), n_out}, x.options());
 }
 
 // Every (panel, row tile) product of x and the packed panels, handed to store(p, m0, rows,
@@ -87,11 +93,7 @@ void for_each_tile(const torch::Tensor& x, const torch::Tensor& packed, const St
 
 // x [M, K] float32 contiguous; packed [P, K, kPanel] float32 contiguous, P = ceil(N / kPanel).
 torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t n_out) {
-  check_inputs(x, packed, "packed_linear");
-  const int64_t panels = packed.size(0);
-  TORCH_CHECK(n_out > (panels - 1) * kPanel && n_out <= panels * kPanel,
-              "packed_linear: shapes disagree");
-  auto y = torch::empty({x.size(0), n_out}, x.options());
+  auto y = output_for(x, packed, n_out, kPanel, "packed_linear");
   float* yp = y.data_ptr<float>();
   for_each_tile(x, packed, [&](int64_t p, int64_t m0, int rows, const float* tile) {
     const int64_t n0 = p * kPanel, width = std::min<int64_t>(kPanel, n_out - n0);
@@ -106,12 +108,8 @@ torch::Tensor packed_linear(torch::Tensor x, torch::Tensor packed, int64_t n_out
 // in the last H (H = kPanel / 2, pack_pairs in packed_linear.py). Returns silu(gate) * up
 // [M, n_out] without writing the two projections out; silu as fused_ops' silu_mul computes it.
 torch::Tensor packed_swiglu(torch::Tensor x, torch::Tensor packed, int64_t n_out) {
-  check_inputs(x, packed, "packed_swiglu");
   constexpr int64_t half = kPanel / 2;
-  const int64_t panels = packed.size(0);
-  TORCH_CHECK(n_out > (panels - 1) * half && n_out <= panels * half,
-              "packed_swiglu: shapes disagree");
-  auto y = torch::empty({x.size(0), n_out}, x.options());
+  auto y = output_for(x, packed, n_out, half, "packed_swiglu");
   float* yp = y.data_ptr<float>();
   for_each_tile(x, packed, [&](int64_t p, int64_t m0, int rows, const float* tile) {
     const int64_t n0 = p * half, width = std::min<int64_t>(half, n_out - n0);
