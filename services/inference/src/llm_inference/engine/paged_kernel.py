@@ -27,7 +27,7 @@ PagedDecodeFn = Callable[
 
 def load_kernel() -> PagedDecodeFn | None:
     """The compiled paged_decode function, or None when it cannot be built here."""
-    module = load_extension("llm_paged_decode_v6", "paged_decode.cpp", "paged decode kernel")
+    module = load_extension("llm_paged_decode_v7", "paged_decode.cpp", "paged decode kernel")
     if module is None:
         return None
     fn: PagedDecodeFn = module.paged_decode

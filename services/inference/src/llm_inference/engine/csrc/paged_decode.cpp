@@ -133,6 +133,11 @@ void softmax_(float* s, int64_t len) {
   for (int64_t i = 0; i < len; ++i) s[i] *= inv;
 }
 
+// Rows in the order 0, n-1, 1, n-2, ...: rows come sorted by length (decode rows longest
+// first, a prefill chunk's rows one key longer each), and parallel_for hands each thread a
+// contiguous range, so in plain order one thread would get all the long rows.
+inline int64_t zigzag(int64_t i, int64_t n) { return i % 2 == 0 ? i / 2 : n - 1 - i / 2; }
+
 using ScoreFn = void (*)(const Task&, const float*, float, float*);
 using MixFn = void (*)(const Task&, const float*, float*);
 
@@ -191,7 +196,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   at::parallel_for(0, rows * kv_heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t r = task / kv_heads, h = task % kv_heads;
+      const int64_t r = zigzag(task / kv_heads, rows), h = task % kv_heads;
       const Task t{kp, vp, tp + trp[r] * max_blocks, lp[r], block, dim, kv_heads, h};
       scores.resize(t.len);
       for (int64_t g = 0; g < group; ++g) {
