@@ -1,4 +1,5 @@
-"""The CPU paged-decode kernel (csrc/paged_decode.cpp), built and cached by cpu_ext.
+"""The CPU paged-attention kernel (csrc/paged_decode.cpp: decode rows and prefill chunks over
+the block tables), built and cached by cpu_ext.
 
 Building takes about 45 s of CPU on first use (`make bench-model` and `make setup` do not build
 it; `python -m llm_inference.engine.paged_kernel` builds it, the packed-linear kernel and the

@@ -1,12 +1,11 @@
 // The small per-layer operations of a CPU float32 decoder step, each one pass over its rows:
 // RMSNorm, residual add + RMSNorm, rotary embedding in place, and SwiGLU's silu(gate) * up.
 // torch runs each as several dispatched ops (RMSNorm ~12 us a call at one row, RoPE six ops),
-// which at decode batch sizes costs more than the arithmetic. Rows are split across threads only when there are
-// enough of them to pay for it.
+// which at decode batch sizes costs more than the arithmetic. Rows are split across threads
+// only when there are enough of them to pay for it (work_split.h).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include <algorithm>
 #include <cmath>
 #include <tuple>
 

@@ -132,13 +132,13 @@ class MLP(nn.Module):
         self.activates = activates
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
+        projected = self.gate_up_proj(x)
         if self.activates:
-            activated = gate_up
-        elif self.ops is not None and gate_up.is_contiguous():
-            activated = self.ops.silu_mul(gate_up)
+            activated = projected
+        elif self.ops is not None and projected.is_contiguous():
+            activated = self.ops.silu_mul(projected)
         else:
-            gate, up = gate_up.split(self.intermediate, dim=-1)
+            gate, up = projected.split(self.intermediate, dim=-1)
             activated = F.silu(gate) * up
         result: torch.Tensor = self.down_proj(activated)
         return result
